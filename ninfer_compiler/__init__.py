@@ -1,0 +1,1 @@
+"""ninfer compiler: artifact -> frontend -> passes -> codegen -> package."""

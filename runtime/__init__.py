@@ -1,0 +1,1 @@
+"""ninfer runtime: loads compiled packages and serves them; never imports the compiler."""
