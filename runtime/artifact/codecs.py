@@ -153,7 +153,9 @@ def _row_range(rows: Rows, n: int, obj: str | None) -> tuple[int, int]:
         return 0, n
     r0, r1 = (int(r) for r in rows)
     if not 0 <= r0 <= r1 <= n:
-        raise ArtifactError("row_range", f"rows [{r0}, {r1}) outside [0, {n})", obj=obj)
+        raise ArtifactError(
+            "row_range", f"rows [{r0}, {r1}) are not a range within [0, {n}]", obj=obj
+        )
     return r0, r1
 
 
@@ -326,14 +328,13 @@ def _grouped_arrays(geo: RowSplitGeometry, fmt: str, planes, obj) -> tuple[np.nd
         scales = scales.view(np.uint16)
     if not np.issubdtype(codes.dtype, np.integer) or scales.dtype != np.uint16:
         raise ArtifactError("plane_dtype", "codes must be integers, scales uint16 words", obj=obj)
-    codes = codes.astype(np.int16)
-    bad = (codes < geo.fmt.qmin) | (codes > geo.fmt.qmax)
+    bad = (codes < geo.fmt.qmin) | (codes > geo.fmt.qmax)  # before narrowing, so nothing wraps
     if bad.any():
         r, c = _first(bad)
         raise ArtifactError(
             "invalid_code", f"code {int(codes[r, c])} at ({r}, {c}) outside {fmt} range", obj=obj
         )
-    return codes, scales
+    return codes.astype(np.int16), scales
 
 
 def _pack_row_split(geo: RowSplitGeometry, fmt: str, planes, obj) -> bytes:

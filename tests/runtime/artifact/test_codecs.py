@@ -125,13 +125,35 @@ ROW_SPLIT_TABLE = [
     ("q4", [256, 128], 128, 2, 16_384, 0, 16_384, 16_384, 1_024, 17_408),
     ("q4", [3, 100], 128, 2, 192, 0, 256, 256, 12, 268),
     ("q4", [1, 1], 128, 2, 64, 0, 256, 256, 4, 260),
-    ("q5", [7168, 5120], 5120, 80, 18_350_080, 4_587_520, 18_350_080, 22_937_600, 1_146_880, 24_084_480),
+    (
+        "q5",
+        [7168, 5120],
+        5120,
+        80,
+        18_350_080,
+        4_587_520,
+        18_350_080,
+        22_937_600,
+        1_146_880,
+        24_084_480,
+    ),
     ("q5", [256, 128], 128, 2, 16_384, 4_096, 16_384, 20_480, 1_024, 21_504),
     ("q5", [2, 130], 256, 4, 256, 64, 256, 512, 16, 528),
     ("q5", [5, 200], 256, 4, 640, 160, 768, 1_024, 40, 1_064),
     ("q6", [1, 64], 128, 2, 64, 32, 256, 512, 4, 516),
     ("q6", [3, 300], 384, 6, 576, 288, 768, 1_280, 36, 1_316),
-    ("q6", [248320, 5120], 5120, 80, 635_699_200, 317_849_600, 635_699_200, 953_548_800, 39_731_200, 993_280_000),
+    (
+        "q6",
+        [248320, 5120],
+        5120,
+        80,
+        635_699_200,
+        317_849_600,
+        635_699_200,
+        953_548_800,
+        39_731_200,
+        993_280_000,
+    ),
     ("q8", [1, 1], 128, 4, 128, 0, 256, 256, 8, 264),
     ("q8", [3, 100], 128, 4, 384, 0, 512, 512, 24, 536),
     ("q8", [7, 129], 256, 8, 1_792, 0, 1_792, 1_792, 112, 1_904),
@@ -369,7 +391,9 @@ def test_bf16_from_float32_rne(f32_word, bf16_word):
 
 
 def test_bf16_from_float32_matches_ml_dtypes():
-    x = (rng(1).standard_normal(50_000) * 10.0 ** rng(2).integers(-40, 38, 50_000)).astype(np.float32)
+    x = (rng(1).standard_normal(50_000) * 10.0 ** rng(2).integers(-40, 38, 50_000)).astype(
+        np.float32
+    )
     ours = np.frombuffer(encode_direct("bf16", x), "<u2")
     assert np.array_equal(ours, x.astype(ml_dtypes.bfloat16).view(np.uint16))
 
@@ -425,7 +449,17 @@ def test_contiguous_rank0_and_errors():
 # Quantized planes round trips and row slices
 # ------------------------------------------------------------------------------------------
 
-GROUPED_SHAPES = [(1, 1), (1, 64), (3, 100), (2, 130), (4, 128), (5, 200), (7, 129), (2, 300), (1, 5)]
+GROUPED_SHAPES = [
+    (1, 1),
+    (1, 64),
+    (3, 100),
+    (2, 130),
+    (4, 128),
+    (5, 200),
+    (7, 129),
+    (2, 300),
+    (1, 5),
+]
 
 
 @pytest.mark.parametrize("fmt", GROUPED)
@@ -438,9 +472,12 @@ def test_grouped_planes_round_trip(fmt, shape):
     assert_planes_equal(back, planes)
     assert pack_planes(ROW_SPLIT, fmt, shape, back) == data
     assert encode_tensor(fmt, ROW_SPLIT, shape, back) == data
-    expected = planes.codes.astype(np.float32) * np.repeat(
-        planes.scales.view(np.float16).astype(np.float32), formats.FORMATS[fmt].group, axis=1
-    )[:, : shape[1]]
+    expected = (
+        planes.codes.astype(np.float32)
+        * np.repeat(
+            planes.scales.view(np.float16).astype(np.float32), formats.FORMATS[fmt].group, axis=1
+        )[:, : shape[1]]
+    )
     assert np.array_equal(dequantize(back), expected)
     assert np.array_equal(decode_tensor(fmt, ROW_SPLIT, shape, memory_reader(data)), expected)
 
@@ -584,7 +621,9 @@ def _grouped_bytes(fmt: str, shape=(2, 100)) -> tuple[bytes, formats.RowSplitGeo
 def test_q8_code_0x80_rejected():
     data, _ = _grouped_bytes("q8_g32_fp16")
     _expect("invalid_code", _patch(data, 3, b"\x80"), ROW_SPLIT, "q8_g32_fp16", (2, 100))
-    _expect("invalid_code", _patch(data, 3, b"\x80"), ROW_SPLIT, "q8_g32_fp16", (2, 100), rows=(0, 1))
+    _expect(
+        "invalid_code", _patch(data, 3, b"\x80"), ROW_SPLIT, "q8_g32_fp16", (2, 100), rows=(0, 1)
+    )
     planes = random_grouped("q8_g32_fp16", (1, 4))
     planes.codes[0, 0] = -128
     with pytest.raises(ArtifactError) as e:
@@ -608,13 +647,20 @@ def test_grouped_bad_scale_rejected(fmt, word):
 def test_grouped_subnormal_scale_accepted():
     planes = GroupedPlanes("q4_g64_fp16", np.array([[3]], np.int8), np.array([[1, 0]], np.uint16))
     data = pack_planes(ROW_SPLIT, "q4_g64_fp16", (1, 1), planes)
-    assert dequantize(unpack_planes(ROW_SPLIT, "q4_g64_fp16", (1, 1), memory_reader(data))) == 3 * 2.0**-24
+    assert (
+        dequantize(unpack_planes(ROW_SPLIT, "q4_g64_fp16", (1, 1), memory_reader(data)))
+        == 3 * 2.0**-24
+    )
 
 
 @pytest.mark.parametrize("fmt", GROUPED)
 def test_grouped_zero_scale_requires_zero_codes(fmt):
     shape = (1, 100)
-    planes = GroupedPlanes(fmt, np.zeros(shape, np.int8), np.zeros((1, formats.geometry(ROW_SPLIT, fmt, shape).groups_per_row), np.uint16))
+    planes = GroupedPlanes(
+        fmt,
+        np.zeros(shape, np.int8),
+        np.zeros((1, formats.geometry(ROW_SPLIT, fmt, shape).groups_per_row), np.uint16),
+    )
     data = pack_planes(ROW_SPLIT, fmt, shape, planes)  # all zero is fine
     assert not dequantize(unpack_planes(ROW_SPLIT, fmt, shape, memory_reader(data))).any()
     _expect("invalid_code", _patch(data, 5, b"\x10"), ROW_SPLIT, fmt, shape)
@@ -668,7 +714,9 @@ def test_nvfp4_bad_scale_rejected(word):
     shape = (128, 64)
     data = pack_planes(BLOCK, "nvfp4", shape, random_nvfp4(shape))
     geo = formats.geometry(BLOCK, "nvfp4", shape)
-    _expect("invalid_scale", _patch(data, geo.scale_offset + 17, bytes([word])), BLOCK, "nvfp4", shape)
+    _expect(
+        "invalid_scale", _patch(data, geo.scale_offset + 17, bytes([word])), BLOCK, "nvfp4", shape
+    )
     planes = random_nvfp4(shape)
     planes.scales[3, 2] = word
     with pytest.raises(ArtifactError) as e:
@@ -676,7 +724,9 @@ def test_nvfp4_bad_scale_rejected(word):
     assert e.value.rule == "invalid_scale"
 
 
-@pytest.mark.parametrize("word", [0x00000000, 0x80000000, 0xBF800000, 0x7F800000, 0x7FC00000, 0xFF800001])
+@pytest.mark.parametrize(
+    "word", [0x00000000, 0x80000000, 0xBF800000, 0x7F800000, 0x7FC00000, 0xFF800001]
+)
 def test_nvfp4_bad_divisor_rejected(word):
     shape = (128, 64)
     data = pack_planes(BLOCK, "nvfp4", shape, random_nvfp4(shape))
@@ -727,7 +777,9 @@ def test_fp8_zero_scale_row_codes():
     ok = Fp8RowPlanes(codes, np.array([0x0000, 0x0001], np.uint16))  # +0 and subnormal scales
     data = pack_planes(ROW_SCALE, FP8, shape, ok)
     got = decode_tensor(FP8, ROW_SCALE, shape, memory_reader(data))
-    assert got[0].tolist() == [0, 0, 0, 0] and got[1, 0] == np.float32(2.0**-9) * np.float32(2.0**-133)
+    assert got[0].tolist() == [0, 0, 0, 0] and got[1, 0] == np.float32(2.0**-9) * np.float32(
+        2.0**-133
+    )
     _expect("invalid_code", _patch(data, 2, b"\x01"), ROW_SCALE, FP8, shape)
     bad = Fp8RowPlanes(codes.copy(), np.array([0x0000, 0x0000], np.uint16))
     with pytest.raises(ArtifactError) as e:
@@ -777,4 +829,13 @@ def test_pack_rejects_wrong_plane_shapes_and_types():
     nv.codes[0, 0] = 16
     with pytest.raises(ArtifactError) as e:
         pack_planes(BLOCK, "nvfp4", (128, 64), nv)
+    assert e.value.rule == "invalid_code"
+
+
+def test_pack_range_check_happens_before_narrowing():
+    planes = random_grouped("q8_g32_fp16", (1, 4))
+    planes.codes = planes.codes.astype(np.int64)
+    planes.codes[0, 1] = 256 + 3  # would wrap to a legal code if narrowed first
+    with pytest.raises(ArtifactError) as e:
+        pack_planes(ROW_SPLIT, "q8_g32_fp16", (1, 4), planes)
     assert e.value.rule == "invalid_code"
