@@ -1,0 +1,135 @@
+"""Parameters of a compiled package, read from the artifact exactly as its kernels consume them.
+
+A package's manifest lists each parameter as (binding, plane, shape, dtype). Dense parameters are
+decoded from their binding (bf16 words stay bf16 bit for bit); grouped-int parameters are the
+artifact's own planes (`base`, `high`, `scales`) cut into per-row spans of the binding's parent
+rows (spec 4.3.7), so no weight is repacked or expanded at load time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from .artifact import Artifact, ArtifactError
+from .artifact.formats import ROW_SPLIT, GroupedIntFormat, RowSplitGeometry, geometry
+
+GROUPED_PLANES = ("base", "high", "scales")
+NUMPY_DTYPES = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "int32": np.dtype(np.int32),
+    "uint8": np.dtype(np.uint8),
+}
+
+
+@dataclass(frozen=True)
+class ParamEntry:
+    """One input parameter of the compiled functions (manifest `params[i]`)."""
+
+    name: str  # module path, e.g. layers.3.attention.query.base
+    binding: str  # artifact binding, e.g. text/layers/3/attention/query
+    plane: str  # "value" (dense) or "base" / "high" / "scales" (grouped int)
+    shape: tuple[int, ...]
+    dtype: str
+
+    @classmethod
+    def from_json(cls, raw: dict) -> ParamEntry:
+        return cls(raw["name"], raw["binding"], raw["plane"], tuple(raw["shape"]), raw["dtype"])
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "binding": self.binding, "plane": self.plane, "shape": list(self.shape), "dtype": self.dtype}
+
+
+def load_param(art: Artifact, entry: ParamEntry) -> np.ndarray:
+    """The array for one parameter; errors name the parameter and what does not match."""
+    if entry.dtype not in NUMPY_DTYPES:
+        raise ArtifactError("param_dtype", f"parameter {entry.name}: unsupported dtype {entry.dtype}")
+    if entry.plane in GROUPED_PLANES:
+        value = _grouped_plane(art, entry)
+    elif entry.plane == "value":
+        value = _dense(art, entry)
+    else:
+        raise ArtifactError("param_plane", f"parameter {entry.name}: unknown plane {entry.plane!r}")
+    if tuple(value.shape) != entry.shape:
+        raise ArtifactError(
+            "param_shape", f"parameter {entry.name} ({entry.binding}) has shape {list(value.shape)} in the artifact, "
+            f"the package expects {list(entry.shape)}",
+        )
+    return np.ascontiguousarray(value)
+
+
+def _dense(art: Artifact, entry: ParamEntry) -> np.ndarray:
+    binding = art.binding(entry.binding)
+    want = NUMPY_DTYPES[entry.dtype]
+    formats = {art.tensor_object(p.object).format for p in binding.parts}
+    if len(formats) != 1:
+        raise ArtifactError("param_format", f"parameter {entry.name}: binding {entry.binding} mixes formats {sorted(formats)}")
+    fmt = formats.pop()
+    if fmt == "bf16" and want == NUMPY_DTYPES["bfloat16"]:
+        pieces = [_elements(art, p.object, p.begin, p.end, "bfloat16") for p in binding.parts]
+        value = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+        return value.reshape(entry.shape)
+    if fmt not in ("bf16", "fp32", "int32") and want != NUMPY_DTYPES["float32"]:
+        raise ArtifactError(
+            "param_format", f"parameter {entry.name}: {fmt} weights cannot be loaded as dense {entry.dtype} "
+            "(the package was compiled for another format)",
+        )
+    value = art.parameter(entry.binding, entry.shape)
+    if fmt == "int32" and want != NUMPY_DTYPES["int32"]:
+        raise ArtifactError("param_format", f"parameter {entry.name}: int32 data, package expects {entry.dtype}")
+    return value.astype(want, copy=False)
+
+
+def _elements(art: Artifact, object_id: str, begin: int, end: int, dtype: str) -> np.ndarray:
+    obj = art.tensor_object(object_id)
+    if not obj.shape:
+        return art.decode(object_id, dtype=dtype).reshape(-1)[begin:end]
+    row = obj.elements // obj.shape[0]
+    r0, r1 = begin // row, -(-end // row)
+    flat = art.decode(object_id, rows=(r0, r1), dtype=dtype).reshape(-1)
+    return flat[begin - r0 * row : end - r0 * row]
+
+
+def _grouped_plane(art: Artifact, entry: ParamEntry) -> np.ndarray:
+    binding = art.binding(entry.binding)
+    spans = []
+    fmt_seen = None
+    for part in binding.parts:
+        obj = art.tensor_object(part.object)
+        if obj.layout != ROW_SPLIT:
+            raise ArtifactError(
+                "param_format", f"parameter {entry.name}: binding {entry.binding} is {obj.format}, the package expects "
+                "grouped-int planes (compiled for another format)", obj=obj.id,
+            )
+        if fmt_seen not in (None, obj.format):
+            raise ArtifactError("param_format", f"parameter {entry.name}: binding mixes {fmt_seen} and {obj.format}")
+        fmt_seen = obj.format
+        geo = geometry(obj.layout, obj.format, obj.shape, obj.id)
+        assert isinstance(geo, RowSplitGeometry) and isinstance(geo.fmt, GroupedIntFormat)
+        k = obj.shape[1]
+        if part.begin % k or part.end % k:
+            raise ArtifactError(
+                "param_rows", f"parameter {entry.name}: binding range [{part.begin}, {part.end}) is not whole rows of "
+                f"{obj.id}; grouped-int weights are bound by rows", obj=obj.id,
+            )
+        r0, r1 = part.begin // k, part.end // k
+        spans.append(_plane_rows(art, obj, geo, entry.plane, r0, r1))
+    value = np.concatenate(spans) if len(spans) > 1 else spans[0]
+    return value.view(np.float16) if entry.plane == "scales" else value
+
+
+def _plane_rows(art: Artifact, obj, geo: RowSplitGeometry, plane: str, r0: int, r1: int) -> np.ndarray:
+    """Rows [r0, r1) of one plane as raw bytes `[rows, row_bytes]` (spec 4.3.7)."""
+    row_bytes, offset = {
+        "base": (geo.base_row_bytes, 0),
+        "high": (geo.high_row_bytes, geo.high_offset),
+        "scales": (geo.scale_row_bytes, geo.scale_offset),
+    }[plane]
+    if row_bytes == 0:
+        raise ArtifactError("param_plane", f"{obj.format} has no {plane} plane", obj=obj.id)
+    data = art.read(obj.offset + offset + r0 * row_bytes, (r1 - r0) * row_bytes)
+    return np.frombuffer(data, dtype=np.uint8).reshape(r1 - r0, row_bytes).copy()
