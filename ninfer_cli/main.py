@@ -13,9 +13,11 @@ import click
 
 # name -> "module:attribute" of a click command
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "compile": ("ninfer_cli.compile_cmd:compile_", "Compile a .ninfer artifact into a package for one target."),
     "convert": ("ninfer_cli.convert_cmd:convert", "Convert a Hugging Face checkpoint to a .ninfer artifact."),
     "config": ("ninfer_cli.config_cmd:config", "Show the effective startup configuration."),
     "inspect": ("ninfer_cli.inspect_cmd:inspect", "Show or verify a .ninfer artifact; export one tensor."),
+    "run": ("ninfer_cli.run_cmd:run", "Run one request on a compiled package."),
     "upgrade": ("ninfer_cli.upgrade_cmd:upgrade", "Upgrade a v2 .ninfer artifact to container v3."),
     "testmodel": ("ninfer_cli.testmodel_cmd:testmodel", "Build a tiny random Hugging Face model for tests."),
 }

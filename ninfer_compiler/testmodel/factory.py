@@ -220,6 +220,14 @@ def qwen_processor_configs(config: PretrainedConfig) -> tuple[dict[str, Any], di
     return image, video
 
 
+def glm_processor_configs(config: PretrainedConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Processor configs of the GLM tower: the Qwen geometry keys with CLIP normalisation (section 6.3)."""
+    image, video = qwen_processor_configs(config)
+    clip = {"image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+            "processor_class": "Glm5NextProcessor"}
+    return {**image, **clip}, {**video, **clip}
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
@@ -249,10 +257,9 @@ def build_hf_model(arch: str, out_dir: Path, seed: int = 0) -> Path:
         model.save_pretrained(out_dir)
     _write_weights(out_dir, arch, model, mtp)
     save_tokenizer(out_dir, flavor_for(arch))
-    if spec.qwen_vision:
-        image, video = qwen_processor_configs(model.config)
-        _write_json(out_dir / "preprocessor_config.json", image)
-        _write_json(out_dir / "video_preprocessor_config.json", video)
+    image, video = qwen_processor_configs(model.config) if spec.qwen_vision else glm_processor_configs(model.config)
+    _write_json(out_dir / "preprocessor_config.json", image)
+    _write_json(out_dir / "video_preprocessor_config.json", video)
     return out_dir
 
 

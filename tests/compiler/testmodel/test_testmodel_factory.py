@@ -211,15 +211,15 @@ def test_side_files(arch: str, hf_model_dir: Callable[[str], Path]) -> None:
     assert generation["eos_token_id"] in (1, [1, 12, 14])
 
     vision = make_config(arch).vision_config
-    if arch == "glm5_next":
-        assert not (model_dir / "preprocessor_config.json").exists()
-        return
     for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
         processor = json.loads((model_dir / name).read_text())
         assert processor["patch_size"] == vision.patch_size
         assert processor["temporal_patch_size"] == vision.temporal_patch_size
         assert processor["merge_size"] == vision.spatial_merge_size
-        assert processor["image_mean"] == processor["image_std"] == [0.5, 0.5, 0.5]
+        if arch == "glm5_next":  # CLIP normalisation (models.md 6.3)
+            assert processor["image_mean"][0] == 0.48145466
+        else:
+            assert processor["image_mean"] == processor["image_std"] == [0.5, 0.5, 0.5]
 
 
 def test_weight_stats(hf_model_dir: Callable[[str], Path]) -> None:

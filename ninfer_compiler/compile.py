@@ -1,0 +1,189 @@
+"""`ninfer compile`: artifact -> frontend -> passes -> codegen -> package directory.
+
+Stages run in order and report their time: bind (read the artifact's text component and
+bindings into a typed config and weight plan), export (Relax IR of the entry functions), compile
+(passes and code generation for the target), package (library, resources, manifest).
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tvm
+
+from ninfer_runtime import targets
+from ninfer_runtime.artifact import Artifact
+from ninfer_runtime.package import LIBRARY, CacheLayout, write_manifest
+
+from .build import compile_module, export_module
+from .frontend.options import ModelOptions
+
+# text component architecture -> frontend package (binding.py + model.py)
+FRONTENDS = {"Qwen3_5ForCausalLM": "ninfer_compiler.frontend.qwen3_5"}
+TEXT_RESOURCES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+class CompileError(Exception):
+    """The artifact cannot be compiled for the requested target (the message says why)."""
+
+
+@dataclass
+class CompileOptions:
+    target: str = "cpu"
+    max_context: int | None = None  # tokens of one request (prompt + output)
+    prefill_chunk: int = 512  # tokens per prefill call
+    max_batch: int = 8  # sequences per decode call (the engine's max_active)
+    page_size: int = 16
+
+
+@dataclass
+class CompileReport:
+    package: Path
+    target: str
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    library_bytes: int = 0
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.stage_seconds.values())
+
+
+def tvm_target(target: targets.Target) -> tvm.target.Target:
+    if target.device == "cpu":
+        return tvm.target.Target("llvm")
+    raise CompileError(f"target {target.name}: CUDA code generation is not available in this build of ninfer yet")
+
+
+def compile_artifact(
+    artifact_path: str | Path,
+    out_dir: str | Path,
+    options: CompileOptions | None = None,
+    stage: Callable[[str], None] | None = None,
+) -> CompileReport:
+    """Compile the artifact's text component into a package at `out_dir` (must not exist)."""
+    options = options or CompileOptions()
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise CompileError(f"{out} exists and is not empty; choose a new package directory")
+    target = targets.load(options.target)
+    report = CompileReport(out, target.name)
+    clock = time.perf_counter()
+
+    def done(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        report.stage_seconds[name] = now - clock
+        clock = now
+        if stage:
+            stage(name)
+
+    artifact_path = Path(artifact_path).resolve()
+    with Artifact(artifact_path) as art:
+        text = art.components.get("text")
+        if text is None:
+            raise CompileError(f"{artifact_path}: no text component")
+        arch = (text.config.get("architectures") or [None])[0]
+        if arch not in FRONTENDS:
+            raise CompileError(f"{artifact_path}: architecture {arch!r} has no compiler frontend yet "
+                               f"(available: {', '.join(FRONTENDS)})")
+        binding = importlib.import_module(FRONTENDS[arch] + ".binding")
+        model_mod = importlib.import_module(FRONTENDS[arch] + ".model")
+        try:
+            cfg = binding.model_config(art)
+            plan = binding.weight_plan(art, target)
+        except ValueError as exc:  # ConfigError / BindingError
+            raise CompileError(f"{artifact_path}: {exc}") from None
+        max_positions = text.config.get("max_position_embeddings", 4096)
+        max_context = options.max_context or min(max_positions, 32768)
+        if max_context > max_positions:
+            raise CompileError(f"--max-context {max_context} exceeds the model's max_position_embeddings {max_positions}")
+        opts = ModelOptions(dtype=target.activation_dtype, weights=plan, page_size=options.page_size)
+        model = model_mod.Qwen35ForCausalLM(cfg, opts)
+        done("bind")
+        mod, params = export_module(model, model.upper_bounds(max_prefill_tokens=options.prefill_chunk,
+                                                              max_batch=options.max_batch))
+        try:
+            entries = binding.param_entries(art, params)
+            binding.check_loadable(art, entries)
+        except ValueError as exc:
+            raise CompileError(f"{artifact_path}: {exc}") from None
+        done("export")
+        executable = compile_module(mod, tvm_target(target))
+        done("compile")
+        out.mkdir(parents=True, exist_ok=True)
+        executable.export_library(str(out / LIBRARY))
+        (out / "resources").mkdir(exist_ok=True)
+        for role in TEXT_RESOURCES:
+            if role in text.resources:
+                (out / "resources" / role).write_bytes(art.resource("text", role))
+        cache = CacheLayout(
+            page_size=options.page_size,
+            kv_per_page=(2, cfg.num_key_value_heads, options.page_size, cfg.head_dim),
+            kv_dtype=target.kv_dtype,
+            attention_layers=len(cfg.attention_layers),
+            gdn_state_per_slot=(cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim),
+            conv_state_per_slot=(cfg.linear_conv_kernel_dim - 1, cfg.conv_channels),
+            gdn_layers=len(cfg.gdn_layers),
+            conv_dtype=target.activation_dtype,
+        )
+        weight_bytes = sum(_nbytes(e.shape, e.dtype) for e in entries)
+        write_manifest(out, {
+            "model": {"architecture": arch, "name": art.metadata.get("name"), "config": dict(text.config),
+                      "vocab_size": cfg.vocab_size},
+            "artifact": {"path": str(artifact_path), "artifact_id": art.artifact_id, "components": ["text"]},
+            "target": {"name": target.name, "device": target.device, "cuda_arch": target.cuda_arch,
+                       "host": platform.machine()},
+            "compile": {"options": vars(options), "versions": _versions(), "stage_seconds": report.stage_seconds},
+            "functions": _signatures(model),
+            "params": [e.to_json() for e in entries],
+            "cache": cache.to_json(),
+            "limits": {"max_context": max_context, "prefill_chunk": options.prefill_chunk,
+                       "max_batch": options.max_batch},
+            "memory_plan": {"weight_bytes": weight_bytes, "kv_bytes_per_page": cache.bytes_per_page(),
+                            "state_bytes_per_sequence": cache.bytes_per_slot()},
+            "library": LIBRARY,
+        })
+    done("package")
+    report.library_bytes = (out / LIBRARY).stat().st_size
+    return report
+
+
+def _nbytes(shape, dtype: str) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n * {"float32": 4, "int32": 4, "bfloat16": 2, "float16": 2, "uint8": 1}[dtype]
+
+
+def _signatures(model) -> dict:
+    out = {}
+    for name, spec in model.get_export_spec().items():
+        args = {}
+        for arg, s in spec.items():
+            if arg == "$":
+                continue
+            args[arg] = {"shape": [d if isinstance(d, int) else str(d) for d in s.shape], "dtype": s.dtype}
+        out[name] = {"inputs": args, "params": "packed tuple (manifest params order)"}
+    return out
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"tvm": tvm.__version__}
+    try:
+        out["ninfer"] = version("ninfer")
+    except PackageNotFoundError:
+        out["ninfer"] = "unknown"
+    return out
+
+
+def remove_package(path: Path) -> None:
+    """Delete a partially written package directory after a failed compile."""
+    shutil.rmtree(path, ignore_errors=True)

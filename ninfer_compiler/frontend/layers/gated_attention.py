@@ -1,0 +1,68 @@
+"""Gated full attention (`Qwen3_5Attention`) over the paged KV pool.
+
+Parameters mirror the artifact bindings: `query` and `gate` `[Nq*D, H]` (already
+de-interleaved per head), `key`, `value` `[Nkv*D, H]`, `query_norm`, `key_norm` `[D]`
+(offset norms), `output` `[H, Nq*D]`.
+"""
+
+from __future__ import annotations
+
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import op
+
+from ...ops.paged_attention import kv_append, paged_attention
+from ..options import WeightPlan
+from .linear import make_linear
+from .norms import OffsetRMSNorm
+from .rope import MRope
+
+
+class GatedAttention(nn.Module):
+    """q/k-normed, MRoPE'd GQA attention whose output is gated by `sigmoid(gate)`."""
+
+    def __init__(
+        self,
+        hidden: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        eps: float,
+        rope: MRope,
+        plan: WeightPlan,
+        path: str,
+    ):
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.rope = rope
+        q_width, kv_width = num_heads * head_dim, num_kv_heads * head_dim
+        self.query = make_linear(hidden, q_width, plan, f"{path}.query")
+        self.gate = make_linear(hidden, q_width, plan, f"{path}.gate")
+        self.key = make_linear(hidden, kv_width, plan, f"{path}.key")
+        self.value = make_linear(hidden, kv_width, plan, f"{path}.value")
+        self.query_norm = OffsetRMSNorm(head_dim, eps, plan.dense_dtype_of(f"{path}.query_norm"))
+        self.key_norm = OffsetRMSNorm(head_dim, eps, plan.dense_dtype_of(f"{path}.key_norm"))
+        self.output = make_linear(q_width, hidden, plan, f"{path}.output")
+
+    def forward(
+        self,
+        h: nn.Tensor,
+        positions: nn.Tensor,
+        kv_pool: nn.Tensor,
+        page_table: nn.Tensor,
+        seq_lens: nn.Tensor,
+        layer: int,
+        page_size: int,
+    ) -> tuple[nn.Tensor, nn.Tensor]:
+        """`h [B, T, H]` -> `(y [B, T, H], kv_pool)`; `layer` indexes attention layers only."""
+        b, t = h.shape[0], h.shape[1]
+        d = self.head_dim
+        q = op.reshape(self.query(h), [b, t, self.num_heads, d])
+        k = op.reshape(self.key(h), [b, t, self.num_kv_heads, d])
+        v = op.reshape(self.value(h), [b, t, self.num_kv_heads, d])
+        q = self.rope(self.query_norm(q), positions)
+        k = self.rope(self.key_norm(k), positions)
+        kv_pool = kv_append(kv_pool, k, v, page_table, seq_lens, layer, page_size)
+        o = paged_attention(q, kv_pool, page_table, seq_lens, layer, page_size)
+        o = op.reshape(o, [b, t, self.num_heads * d]) * op.sigmoid(self.gate(h))
+        return self.output(o), kv_pool

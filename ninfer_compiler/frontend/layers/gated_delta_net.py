@@ -1,0 +1,89 @@
+"""Gated DeltaNet linear attention (`Qwen3_5GatedDeltaNet`) with slot-indexed state.
+
+Parameters mirror the artifact bindings: `query`, `key` `[Hk*dk, H]`, `value`, `z`
+`[Hv*dv, H]`, `a_projection`, `b_projection` `[Hv, H]`, `a_log`, `dt_bias` `[Hv]` (fp32),
+`convolution` `[K, C]` tap-major over the channels `[query | key | value]`, `norm` `[dv]`
+(plain gated norm), `output` `[H, Hv*dv]`.
+"""
+
+from __future__ import annotations
+
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import op
+
+from ...ops.conv1d import causal_conv1d_with_state
+from ...ops.gated_delta_rule import gated_delta_rule
+from ...ops.gdn_gates import gdn_gates
+from ...ops.norm import l2_norm
+from ..options import WeightPlan
+from .linear import make_linear
+from .norms import GatedRMSNorm
+
+
+class GatedDeltaNet(nn.Module):
+    """Short causal conv + gated delta rule + gated norm, for `[B, T]` token blocks."""
+
+    def __init__(
+        self,
+        hidden: int,
+        num_k_heads: int,
+        num_v_heads: int,
+        k_head_dim: int,
+        v_head_dim: int,
+        conv_kernel: int,
+        eps: float,
+        plan: WeightPlan,
+        path: str,
+    ):
+        self.hk, self.hv, self.dk, self.dv = num_k_heads, num_v_heads, k_head_dim, v_head_dim
+        key_width, value_width = num_k_heads * k_head_dim, num_v_heads * v_head_dim
+        self.conv_channels = 2 * key_width + value_width
+        self.query = make_linear(hidden, key_width, plan, f"{path}.query")
+        self.key = make_linear(hidden, key_width, plan, f"{path}.key")
+        self.value = make_linear(hidden, value_width, plan, f"{path}.value")
+        self.z = make_linear(hidden, value_width, plan, f"{path}.z")
+        self.a_projection = make_linear(hidden, num_v_heads, plan, f"{path}.a_projection")
+        self.b_projection = make_linear(hidden, num_v_heads, plan, f"{path}.b_projection")
+        self.a_log = nn.Parameter((num_v_heads,), "float32")
+        self.dt_bias = nn.Parameter((num_v_heads,), "float32")
+        self.convolution = nn.Parameter(
+            (conv_kernel, self.conv_channels), plan.dense_dtype_of(f"{path}.convolution")
+        )
+        self.norm = GatedRMSNorm(v_head_dim, eps, plan.dense_dtype_of(f"{path}.norm"))
+        self.output = make_linear(value_width, hidden, plan, f"{path}.output")
+
+    def forward(
+        self,
+        h: nn.Tensor,
+        gdn_state: nn.Tensor,
+        conv_state: nn.Tensor,
+        slot_ids: nn.Tensor,
+        seq_lens: nn.Tensor,
+        layer: int,
+        chunked: bool,
+    ) -> tuple[nn.Tensor, nn.Tensor, nn.Tensor]:
+        """`h [B, T, H]` -> `(y, gdn_state, conv_state)`; `layer` indexes GDN layers only.
+
+        Sequences with `seq_lens[b] == 0` start from zero conv and recurrent state.
+        """
+        b, t = h.shape[0], h.shape[1]
+        mixed = op.concat([self.query(h), self.key(h), self.value(h)], dim=-1)
+        mixed, conv_state = causal_conv1d_with_state(
+            mixed, self.convolution, conv_state, slot_ids, seq_lens, layer
+        )
+        key_width = self.hk * self.dk
+        q, k, v = op.split(mixed, [key_width, 2 * key_width], axis=-1)
+        q = l2_norm(op.reshape(q, [b, t, self.hk, self.dk]), scale=self.dk**-0.5)
+        k = l2_norm(op.reshape(k, [b, t, self.hk, self.dk]))
+        v = op.reshape(v, [b, t, self.hv, self.dv])
+        if v.dtype != "float32":
+            v = v.astype("float32")
+        g, beta = gdn_gates(self.a_projection(h), self.b_projection(h), self.a_log, self.dt_bias)
+        o, gdn_state = gated_delta_rule(
+            q, k, v, g, beta, gdn_state, slot_ids, seq_lens, layer, chunked
+        )
+        z = op.reshape(self.z(h), [b, t, self.hv, self.dv])
+        if o.dtype != z.dtype:
+            o = o.astype(z.dtype)
+        o = self.norm(o, z)
+        return self.output(op.reshape(o, [b, t, self.hv * self.dv])), gdn_state, conv_state

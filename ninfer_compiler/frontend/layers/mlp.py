@@ -1,0 +1,21 @@
+"""Dense SwiGLU feed-forward block (`Qwen3_5MLP`)."""
+
+from __future__ import annotations
+
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import op
+
+from ..options import WeightPlan
+from .linear import make_linear
+
+
+class SwiGLU(nn.Module):
+    """`down(silu(gate(x)) * up(x))`; parameters `gate`, `up` `[I, H]`, `down` `[H, I]`."""
+
+    def __init__(self, hidden: int, intermediate: int, plan: WeightPlan, path: str):
+        self.gate = make_linear(hidden, intermediate, plan, f"{path}.gate")
+        self.up = make_linear(hidden, intermediate, plan, f"{path}.up")
+        self.down = make_linear(intermediate, hidden, plan, f"{path}.down")
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return self.down(op.silu(self.gate(x)) * self.up(x))

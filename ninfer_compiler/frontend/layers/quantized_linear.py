@@ -1,0 +1,46 @@
+"""Linear layer over grouped-int (q4/q5/q6/q8) weights stored as the artifact's planes.
+
+Parameters `base`, `high` (q5/q6 only) and `scales` are the row views of a
+`row_split_k128_v1` object (`ops.row_split`), bound 1:1 without repacking.
+"""
+
+from __future__ import annotations
+
+from tvm.relax.frontend import nn
+
+from ...ops.dequant_matmul import dequant_embedding, dequant_matmul
+from ...ops.row_split import plane_shapes
+
+
+class QuantizedLinear(nn.Module):
+    """`y = x @ W^T` with `W [out, in]` dequantised inside the matmul kernel."""
+
+    def __init__(self, in_features: int, out_features: int, fmt: str):
+        self.in_features, self.out_features, self.fmt = in_features, out_features, fmt
+        shapes = plane_shapes(fmt, out_features, in_features)
+        self.base = nn.Parameter(*shapes["base"])
+        self.high = nn.Parameter(*shapes["high"]) if "high" in shapes else None
+        self.scales = nn.Parameter(*shapes["scales"])
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return dequant_matmul(x, self.base, self.high, self.scales, self.fmt, self.in_features)
+
+
+class QuantizedEmbedding(nn.Module):
+    """Token embedding whose table `[V, H]` is stored grouped-int."""
+
+    def __init__(self, num_rows: int, dim: int, fmt: str, out_dtype: str):
+        self.dim, self.fmt, self.out_dtype = dim, fmt, out_dtype
+        shapes = plane_shapes(fmt, num_rows, dim)
+        self.base = nn.Parameter(*shapes["base"])
+        self.high = nn.Parameter(*shapes["high"]) if "high" in shapes else None
+        self.scales = nn.Parameter(*shapes["scales"])
+
+    def forward(self, ids: nn.Tensor) -> nn.Tensor:
+        return dequant_embedding(
+            ids, self.base, self.high, self.scales, self.fmt, self.dim, self.out_dtype
+        )
+
+    def as_head(self, x: nn.Tensor) -> nn.Tensor:
+        """`x @ table^T`: the output head of a model with tied embeddings."""
+        return dequant_matmul(x, self.base, self.high, self.scales, self.fmt, self.dim)
