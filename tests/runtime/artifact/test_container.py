@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import ml_dtypes
@@ -14,7 +13,8 @@ from ninfer_runtime.artifact import Artifact, ArtifactError, ArtifactWriter, fra
 from ninfer_runtime.artifact.directory import dumps_compact, loads_strict
 from ninfer_runtime.artifact.quantize import quantize_fp8_row, quantize_grouped, quantize_nvfp4
 
-SPEC = Path(__file__).resolve().parents[4] / "shared" / "spec" / "artifact-v3.md"
+# the computed example directory of the container spec (section 2.9), as data
+SPEC_EXAMPLE = Path(__file__).resolve().parent / "data" / "spec_example_directory.json"
 
 
 def _text_component(writer: ArtifactWriter, **resources: str) -> None:
@@ -185,10 +185,7 @@ def test_shard_limit_too_small():
 
 
 def _spec_example_directory() -> dict:
-    text = SPEC.read_text()
-    block = text[text.index("### 2.9") :]
-    raw = re.search(r"```json\n(.*?)```", block, re.S).group(1)
-    return loads_strict(raw.encode())
+    return loads_strict(SPEC_EXAMPLE.read_bytes())
 
 
 def test_spec_example_directory_framing():
