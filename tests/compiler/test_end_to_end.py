@@ -217,3 +217,17 @@ def test_cli_errors(built, tmp_path):
     assert r.exit_code == 1 and "unsupported field: name" in r.stderr
     r = runner.invoke(cli, ["compile", str(built["bf16"]), "-o", str(built["pkg-bf16"])])
     assert r.exit_code == 2 and "not empty" in r.stderr
+
+
+def test_run_with_cpu_tiny_config(built, tmp_path, monkeypatch):
+    """`ninfer run --config examples/configs/cpu-tiny.toml` on the embedded default's package layout."""
+    config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "cpu-tiny.toml"
+    (tmp_path / "out" / "tiny").mkdir(parents=True)
+    (tmp_path / "out" / "tiny" / "pkg").symlink_to(built["pkg-groupwise-int"])
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["run", "--config", str(config), "--prompt", "Hello", "--print-token-ids"])
+    assert result.exit_code == 0, result.output
+    assert "summary     sampling                  greedy (temperature 0)" in result.stderr  # from the file
+    assert "summary     max context               1024" in result.stderr  # the package's limit (< the file's 2048)
+    ids = re.search(r"token_ids: ([0-9 ]+)", result.stderr).group(1).split()
+    assert 1 <= len(ids) <= 64  # sampling.max_tokens = 64 in the file
