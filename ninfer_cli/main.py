@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("ninfer_cli.inspect_cmd:inspect", "Show or verify a .ninfer artifact; export one tensor."),
     "run": ("ninfer_cli.run_cmd:run", "Run one request on a compiled package."),
     "upgrade": ("ninfer_cli.upgrade_cmd:upgrade", "Upgrade a v2 .ninfer artifact to container v3."),
+    "synth": ("ninfer_cli.synth_cmd:synth", "Write a full-size synthetic artifact for performance work."),
     "testmodel": ("ninfer_cli.testmodel_cmd:testmodel", "Build a tiny random Hugging Face model for tests."),
 }
 
