@@ -13,11 +13,13 @@ import click
 
 # name -> "module:attribute" of a click command
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "bench": ("ninfer_cli.bench_cmd:bench", "Measure prefill and decode speed of a package."),
     "compile": ("ninfer_cli.compile_cmd:compile_", "Compile a .ninfer artifact into a package for one target."),
     "convert": ("ninfer_cli.convert_cmd:convert", "Convert a Hugging Face checkpoint to a .ninfer artifact."),
     "config": ("ninfer_cli.config_cmd:config", "Show the effective startup configuration."),
     "inspect": ("ninfer_cli.inspect_cmd:inspect", "Show or verify a .ninfer artifact; export one tensor."),
     "run": ("ninfer_cli.run_cmd:run", "Run one request on a compiled package."),
+    "serve": ("ninfer_cli.serve_cmd:serve", "Serve a compiled package over OpenAI- and Anthropic-compatible HTTP."),
     "upgrade": ("ninfer_cli.upgrade_cmd:upgrade", "Upgrade a v2 .ninfer artifact to container v3."),
     "synth": ("ninfer_cli.synth_cmd:synth", "Write a full-size synthetic artifact for performance work."),
     "testmodel": ("ninfer_cli.testmodel_cmd:testmodel", "Build a tiny random Hugging Face model for tests."),

@@ -41,8 +41,13 @@ def _sampling(cfg, generation_config: dict):
         presence_penalty=float(pick("presence_penalty", "presence_penalty", 0.0)),
         frequency_penalty=float(pick("frequency_penalty", "frequency_penalty", 0.0)),
         repetition_penalty=float(pick("repetition_penalty", "repetition_penalty", 1.0)),
-        seed=s.seed if s.seed is not None else 0,
+        seed=s.seed,  # None: the engine draws one and the report prints it
     )
+
+
+# Engine finish reasons -> the report's names (docs: product spec 2.5).
+_FINISH = {"stop": "stop-token", "stop_string": "stop-string", "length": "output-limit",
+           "context_capacity": "context-capacity"}
 
 
 def _row(group: str, label: str, value: str) -> str:
@@ -69,19 +74,13 @@ def run(config: ResolvedConfig, prompt: str | None, messages_file: Path | None, 
         stop_strings: tuple[str, ...], stop_token_ids: tuple[int, ...], raw_output: bool, print_token_ids: bool) -> None:
     """Run one request on a compiled package (PKG or model.path in the configuration)."""
     from ninfer_runtime.engine import Engine, GenerationParams, RequestError
+    from ninfer_runtime.memory import human_bytes
     from ninfer_runtime.messages import MessagesError, from_prompt, load_messages_file
-    from ninfer_runtime.package import PackageError, resource
+    from ninfer_runtime.package import PackageError, load_tokenizer, resource
     from ninfer_runtime.pools import PoolExhausted
     from ninfer_runtime.runner import ModelRunner, RunnerOptions
     from ninfer_runtime.sampling import SamplingError
-    from ninfer_runtime.text import (
-        ChatTemplate,
-        ChatTemplateError,
-        ReasoningSplitter,
-        StopMatcher,
-        StreamingDetokenizer,
-        Tokenizer,
-    )
+    from ninfer_runtime.text import ChatTemplate, ChatTemplateError, ReasoningSplitter, StopMatcher
 
     cfg = config.config
     if (prompt is None) == (messages_file is None):
@@ -101,39 +100,36 @@ def run(config: ResolvedConfig, prompt: str | None, messages_file: Path | None, 
             _fail("the messages contain images or video; vision input is not available in this build yet")
         t_load = time.perf_counter()
         runner = ModelRunner(package, artifact=artifact, options=RunnerOptions(
-            max_active=1, context_bytes=None if cfg.context.context_capacity == "auto" else cfg.context.context_capacity))
+            max_active=1, context_capacity=cfg.context.context_capacity,
+            auto_headroom_bytes=cfg.context.auto_headroom_bytes))
         load_seconds = time.perf_counter() - t_load
         generation_config = json.loads(resource(package, "generation_config.json"))
-        template_bytes = (Path(cfg.model.chat_template).read_bytes() if cfg.model.chat_template
-                          else resource(package, "chat_template.jinja"))
-        tokenizer = Tokenizer.from_bytes(resource(package, "tokenizer.json"), resource(package, "tokenizer_config.json"),
-                                         json.dumps(generation_config), template_bytes)
+        tokenizer = load_tokenizer(package, Path(cfg.model.chat_template).read_bytes() if cfg.model.chat_template else None)
+        max_context = None if cfg.context.max_context == "auto" else cfg.context.max_context
+        engine = Engine(runner, tokenizer, max_active=1, max_queue=0, max_context=max_context)
         t_prep = time.perf_counter()
         thinking = cfg.sampling.thinking
         text = ChatTemplate.from_tokenizer(tokenizer).render(request.messages, tools=request.tools or None,
                                                              add_generation_prompt=True, enable_thinking=thinking)
         prompt_ids = tokenizer.encode(text)
         prepare_seconds = time.perf_counter() - t_prep
-        max_context = runner.max_context if cfg.context.max_context == "auto" else min(runner.max_context, cfg.context.max_context)
-        if len(prompt_ids) >= max_context:
-            _fail(f"the prompt has {len(prompt_ids)} tokens; the context limit is {max_context}")
-        params = GenerationParams(max_tokens=min(cfg.sampling.max_tokens, max_context - len(prompt_ids)),
-                                  sampling=_sampling(cfg, generation_config), stop_token_ids=tuple(stop_token_ids))
-        engine = Engine(runner, tuple(tokenizer.eos_token_ids))
-        detok = StreamingDetokenizer(tokenizer, skip_special_tokens=not raw_output)
+        # Stop strings belong to the answer channel, so they are matched here after the reasoning
+        # split; with --raw-output there is no split and the engine matches them.
+        params = GenerationParams(max_tokens=cfg.sampling.max_tokens, sampling=_sampling(cfg, generation_config),
+                                  stop_token_ids=tuple(stop_token_ids), skip_special_tokens=not raw_output,
+                                  stop_strings=tuple(stop_strings) if raw_output else ())
+        handle = engine.submit(prompt_ids, params)
         splitter = ReasoningSplitter(thinking=thinking and not raw_output)
         stop = StopMatcher(stop_strings)
         answer_tail, reasoning_tail = "", ""
         finish = "none"
-        ids: list[int] = []
         out, err = sys.stdout, sys.stderr
-        for event in engine.generate(prompt_ids, params):
-            ids.append(event.token)
-            is_stop_token = event.finish_reason == "stop-token"
-            piece = detok.push(event.token) if (raw_output or not is_stop_token) else ""
+        for event in handle.events():
+            piece = event.text
             if event.finished:
-                piece += detok.flush()
-                finish = event.finish_reason
+                finish = _FINISH.get(event.finish_reason, event.finish_reason)
+                if raw_output and event.finish_reason == "stop" and event.token is not None:
+                    piece += tokenizer.decode([event.token])
             if raw_output:
                 out.write(piece)
                 out.flush()
@@ -155,6 +151,7 @@ def run(config: ResolvedConfig, prompt: str | None, messages_file: Path | None, 
                 out.flush()
                 answer_tail = emitted[-1]
             if matched:
+                handle.cancel()
                 finish = "stop-string"
                 break
         if reasoning_tail and reasoning_tail != "\n":
@@ -162,33 +159,42 @@ def run(config: ResolvedConfig, prompt: str | None, messages_file: Path | None, 
         if answer_tail != "\n":
             out.write("\n")
         out.flush()
+        if handle.finish_reason == "error":
+            _fail(f"generation failed: {handle.error}")
     except (MessagesError, ChatTemplateError, PackageError, RequestError, SamplingError, PoolExhausted) as exc:
         _fail(str(exc))
-    stats = engine.last_stats
+    stats = handle.stats
     s = params.sampling
     sampling_text = ("greedy (temperature 0)" if s.is_greedy else
                      f"temp={s.temperature:.2f} top_p={s.top_p:.2f} top_k={s.top_k} min_p={s.min_p:.2f} "
-                     f"presence={s.presence_penalty:.2f} freq={s.frequency_penalty:.2f} seed={s.seed}")
+                     f"presence={s.presence_penalty:.2f} freq={s.frequency_penalty:.2f} seed={handle.seed}")
     decode_tokens = max(0, stats.generated_tokens - 1)
-    model_seconds = stats.prefill_seconds + stats.decode_seconds
+    model_seconds = stats.prefill_s + stats.decode_s
+    memory = engine.describe()
     rows = [
         _row("phase", "detail", "elapsed/progress"),
         _row("load", "package and weights", f"{load_seconds:.3f} s"),
         _row("prepare", "render/preprocess", f"{prepare_seconds:.3f} s"),
-        _row("generate", "text prefill", f"{stats.prefill_seconds:.3f} s"),
-        _row("generate", "decode", f"{stats.decode_seconds:.3f} s"),
+        _row("generate", "text prefill", f"{stats.prefill_s:.3f} s"),
+        _row("generate", "decode", f"{stats.decode_s:.3f} s"),
         _row("generate", "total", f"{model_seconds:.3f} s"),
         _row("summary", "sampling", sampling_text),
         _row("summary", "finish reason", finish),
         _row("summary", "prompt tokens", str(stats.prompt_tokens)),
+        _row("summary", "reused prompt tokens", "0"),
         _row("summary", "generated tokens", str(stats.generated_tokens)),
-        _row("summary", "time to first token", f"{stats.ttft_seconds:.3f} s" if stats.ttft_seconds is not None else "n/a"),
-        _row("summary", "prefill speed", _rate(stats.prompt_tokens, stats.prefill_seconds)),
-        _row("summary", "decode speed", _rate(decode_tokens, stats.decode_seconds)),
+        _row("summary", "time to first token", f"{stats.ttft_s:.3f} s" if stats.ttft_s is not None else "n/a"),
+        _row("summary", "model elapsed", f"{model_seconds:.3f} s"),
+        _row("summary", "prefill speed", _rate(stats.prompt_tokens, stats.prefill_s)),
+        _row("summary", "decode speed", _rate(decode_tokens, stats.decode_s)),
         _row("summary", "throughput (overall)", _rate(stats.generated_tokens, model_seconds)),
         _row("summary", "device", f"{runner.manifest.target['name']} ({runner.manifest.target['device']})"),
-        _row("summary", "max context", str(max_context)),
+        _row("summary", "max context", str(memory["max_context"])),
+        _row("summary", "KV capacity policy", memory["capacity_policy"]),
+        _row("summary", "KV capacity", f"{memory['token_capacity']} tokens"),
+        _row("summary", "context pool", human_bytes(memory["pool_bytes"])),
+        _row("summary", "gpu weights used", human_bytes(memory["weights_bytes"])),
     ]
     if print_token_ids:
-        rows.insert(0, "token_ids: " + " ".join(map(str, ids)))
+        rows.insert(0, "token_ids: " + " ".join(map(str, handle.output_ids)))
     click.echo("\n".join(rows), err=True)

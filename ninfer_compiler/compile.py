@@ -22,6 +22,11 @@ from ninfer_runtime.artifact import Artifact
 from ninfer_runtime.package import LIBRARY, CacheLayout, write_manifest
 
 from .build import compile_module, export_module
+from .codegen import targets as codegen_targets
+from .codegen.export import export_library
+from .codegen.fatbin import inspect_library
+from .codegen.graphs import add_graph_variants, bucket_sizes, graph_name
+from .codegen.toolchain import ToolchainError, cuda_build
 from .frontend.options import ModelOptions
 
 # text component architecture -> frontend package (binding.py + model.py)
@@ -40,6 +45,9 @@ class CompileOptions:
     prefill_chunk: int = 512  # tokens per prefill call
     max_batch: int = 8  # sequences per decode call (the engine's max_active)
     page_size: int = 16
+    # Override of the target's activation (and KV) dtype, e.g. "float32" for a package whose GPU
+    # kernels are checked against an fp32 reference without bf16 rounding; None = the target's.
+    activation_dtype: str | None = None
 
 
 @dataclass
@@ -55,9 +63,37 @@ class CompileReport:
 
 
 def tvm_target(target: targets.Target) -> tvm.target.Target:
-    if target.device == "cpu":
-        return tvm.target.Target("llvm")
-    raise CompileError(f"target {target.name}: CUDA code generation is not available in this build of ninfer yet")
+    try:
+        return codegen_targets.tvm_target(target)
+    except ValueError as exc:
+        raise CompileError(str(exc)) from None
+
+
+def _compile_cuda(mod: tvm.IRModule, target: targets.Target, ttarget: tvm.target.Target,
+                  out: Path) -> dict:
+    """Compile with AOT device code and a CUDA-graph decode; export; verify the library."""
+    mod = add_graph_variants(mod)
+    try:
+        with cuda_build(ttarget) as stats, tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
+            executable = compile_module(mod, ttarget)
+        out.mkdir(parents=True, exist_ok=True)
+        export_library(executable, out / LIBRARY, target)
+    except ToolchainError as exc:
+        raise CompileError(f"target {target.name}: {exc}") from None
+    code = inspect_library(out / LIBRARY)
+    problems = code.problems(target.cuda_arch)
+    want_host = codegen_targets.host_arch(target.host_triple)
+    if code.host_machine != want_host:
+        problems.append(f"host code is {code.host_machine}, the target needs {want_host}")
+    if problems:
+        raise CompileError(f"target {target.name}: the library is not ahead-of-time for {target.cuda_arch}: "
+                           + "; ".join(problems))
+    return {
+        "host_machine": code.host_machine,
+        "sass": sorted(code.sass_archs),
+        "fatbin_entries": len(code.entries),
+        "device_compiler": stats.to_json(),
+    }
 
 
 def compile_artifact(
@@ -103,21 +139,32 @@ def compile_artifact(
         max_context = options.max_context or min(max_positions, 32768)
         if max_context > max_positions:
             raise CompileError(f"--max-context {max_context} exceeds the model's max_position_embeddings {max_positions}")
-        opts = ModelOptions(dtype=target.activation_dtype, weights=plan, page_size=options.page_size)
+        act_dtype = options.activation_dtype or target.activation_dtype
+        kv_dtype = options.activation_dtype or target.kv_dtype
+        try:
+            opts = ModelOptions(dtype=act_dtype, weights=plan, page_size=options.page_size)
+        except ValueError as exc:
+            raise CompileError(str(exc)) from None
         model = model_mod.Qwen35ForCausalLM(cfg, opts)
+        ttarget = tvm_target(target)
         done("bind")
-        mod, params = export_module(model, model.upper_bounds(max_prefill_tokens=options.prefill_chunk,
-                                                              max_batch=options.max_batch))
+        with ttarget:  # the ops pick their kernel variant (CPU or GPU) from the current target
+            mod, params = export_module(model, model.upper_bounds(max_prefill_tokens=options.prefill_chunk,
+                                                                  max_batch=options.max_batch))
         try:
             entries = binding.param_entries(art, params)
             binding.check_loadable(art, entries)
         except ValueError as exc:
             raise CompileError(f"{artifact_path}: {exc}") from None
         done("export")
-        executable = compile_module(mod, tvm_target(target))
+        device_code = None
+        if target.is_cuda:
+            device_code = _compile_cuda(mod, target, ttarget, out)
+        else:
+            executable = compile_module(mod, ttarget)
+            out.mkdir(parents=True, exist_ok=True)
+            executable.export_library(str(out / LIBRARY))
         done("compile")
-        out.mkdir(parents=True, exist_ok=True)
-        executable.export_library(str(out / LIBRARY))
         (out / "resources").mkdir(exist_ok=True)
         for role in TEXT_RESOURCES:
             if role in text.resources:
@@ -125,12 +172,12 @@ def compile_artifact(
         cache = CacheLayout(
             page_size=options.page_size,
             kv_per_page=(2, cfg.num_key_value_heads, options.page_size, cfg.head_dim),
-            kv_dtype=target.kv_dtype,
+            kv_dtype=kv_dtype,
             attention_layers=len(cfg.attention_layers),
             gdn_state_per_slot=(cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim),
             conv_state_per_slot=(cfg.linear_conv_kernel_dim - 1, cfg.conv_channels),
             gdn_layers=len(cfg.gdn_layers),
-            conv_dtype=target.activation_dtype,
+            conv_dtype=act_dtype,
         )
         weight_bytes = sum(_nbytes(e.shape, e.dtype) for e in entries)
         write_manifest(out, {
@@ -138,9 +185,13 @@ def compile_artifact(
                       "vocab_size": cfg.vocab_size},
             "artifact": {"path": str(artifact_path), "artifact_id": art.artifact_id, "components": ["text"]},
             "target": {"name": target.name, "device": target.device, "cuda_arch": target.cuda_arch,
-                       "host": platform.machine()},
+                       "host": codegen_targets.host_arch(target.host_triple) if target.is_cuda else platform.machine()},
             "compile": {"options": vars(options), "versions": _versions(), "stage_seconds": report.stage_seconds},
             "functions": _signatures(model),
+            **({"device_code": device_code,
+                "cuda_graphs": {"decode": {"function": graph_name("decode"),
+                                           "buckets": bucket_sizes(options.max_batch)}}}
+               if device_code else {}),
             "params": [e.to_json() for e in entries],
             "cache": cache.to_json(),
             "limits": {"max_context": max_context, "prefill_chunk": options.prefill_chunk,

@@ -167,8 +167,18 @@ def load_params_numpy(art: Artifact, manifest: Manifest) -> list:
     return [load_param(art, entry) for entry in manifest.params]
 
 
-def resource(package: Path, role: str) -> bytes:
-    path = package / "resources" / role
+def resource(package: str | os.PathLike, role: str) -> bytes:
+    path = Path(package) / "resources" / role
     if not path.exists():
         raise PackageError(f"{package}: missing resource {role}")
     return path.read_bytes()
+
+
+def load_tokenizer(package: str | os.PathLike, chat_template: bytes | str | None = None):
+    """The package's tokenizer (with its generation config's stop ids and chat template, or
+    `chat_template` instead)."""
+    from .text import Tokenizer
+
+    template = chat_template if chat_template is not None else resource(package, "chat_template.jinja")
+    return Tokenizer.from_bytes(resource(package, "tokenizer.json"), resource(package, "tokenizer_config.json"),
+                                resource(package, "generation_config.json"), template)

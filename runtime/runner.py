@@ -16,6 +16,7 @@ import tvm
 import tvm.runtime
 from tvm.runtime import vm as tvm_vm
 
+from .memory import MemoryPlan, auto_context_bytes
 from .package import (
     LIBRARY,
     Manifest,
@@ -26,20 +27,49 @@ from .package import (
 )
 from .pools import ContextPool, PoolPlan, SequenceCache
 
-DEFAULT_CPU_CONTEXT_BYTES = 256 << 20
+GiB = 1 << 30
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
 class RunnerOptions:
+    """How many sequences the runner serves at once and how big its context pool is.
+
+    `context_capacity` is the pool's byte budget (KV pages + state slots), or "auto" (see
+    `memory.auto_context_bytes`); `context_bytes`, when given, is an explicit budget that wins
+    over it (kept for callers that predate `context_capacity`).
+    """
+
     max_active: int = 8  # sequences holding a state slot at once
-    context_bytes: int | None = None  # KV + state budget; None = a default for the device
+    context_bytes: int | None = None
+    context_capacity: int | str = AUTO
+    auto_headroom_bytes: int = 1 * GiB  # host/device memory left free by "auto"
+    cuda_graphs: bool = True  # CUDA packages: decode through the package's CUDA graphs (False: eagerly)
+    device_id: int = 0  # CUDA packages: which GPU
 
 
-def device_for(manifest: Manifest) -> tvm.runtime.Device:
+def device_for(manifest: Manifest, device_id: int = 0) -> tvm.runtime.Device:
     kind = manifest.target["device"]
     if kind == "cpu":
         return tvm.cpu(0)
-    raise PackageError(f"target {manifest.target['name']}: {kind} packages need the CUDA runtime, not available here")
+    if kind == "cuda":
+        from .cuda import cuda_device
+
+        return cuda_device(manifest, device_id)
+    raise PackageError(f"target {manifest.target['name']}: unknown device kind {kind!r}")
+
+
+class _GraphInputs:
+    """Decode inputs of one batch bucket at fixed device addresses, which a captured graph reads."""
+
+    def __init__(self, bucket: int, max_pages: int, device: tvm.runtime.Device) -> None:
+        shapes = [(bucket,), (3, bucket), (bucket, max_pages), (bucket,), (bucket,)]  # ids, positions, pages, lens, slots
+        self.tensors = [tvm.runtime.empty(shape, "int32", device) for shape in shapes]
+
+    def write(self, *arrays: np.ndarray) -> list[tvm.runtime.Tensor]:
+        for tensor, array in zip(self.tensors, arrays, strict=True):
+            tensor.copyfrom(np.ascontiguousarray(array, dtype=np.int32))
+        return self.tensors
 
 
 class ModelRunner:
@@ -50,7 +80,7 @@ class ModelRunner:
         self.package = Path(package)
         self.options = options or RunnerOptions()
         self.manifest = read_manifest(self.package)
-        self.device = device_for(self.manifest)
+        self.device = device_for(self.manifest, self.options.device_id)
         limits = self.manifest.limits
         if self.options.max_active > limits["max_batch"]:
             raise PackageError(f"max_active {self.options.max_active} exceeds the package's compiled batch limit "
@@ -59,25 +89,64 @@ class ModelRunner:
         self.prefill_chunk = limits["prefill_chunk"]
         with open_package_artifact(self.package, self.manifest, artifact) as art:
             self.artifact_path = art.path
-            self.params = [tvm.runtime.tensor(a, self.device) for a in load_params_numpy(art, self.manifest)]
+            arrays = load_params_numpy(art, self.manifest)
+            self.weights_bytes = sum(int(a.nbytes) for a in arrays)
+            self.params = [tvm.runtime.tensor(a, self.device) for a in arrays]
+            del arrays
         lib = tvm.runtime.load_module(str(self.package / self.manifest.raw.get("library", LIBRARY)))
         self.vm = tvm_vm.VirtualMachine(lib, self.device)
         self._prefill = self.vm["prefill"]
         self._prefill_all = self.vm["prefill_all_logits"]
         self._decode = self.vm["decode"]
+        # CUDA graphs, one per batch bucket. Padding rows of a bucket write one scratch KV page and
+        # one scratch state slot, allocated past the pool's own (which never hands them out).
+        graphs = self.manifest.raw.get("cuda_graphs", {}).get("decode") if self.options.cuda_graphs else None
+        self.graph_buckets: list[int] = sorted(graphs["buckets"]) if graphs else []
+        self._decode_graph = self.vm[graphs["function"]] if graphs else None
+        self._graph_inputs: dict[int, _GraphInputs] = {}
+        scratch = 1 if graphs else 0
         cache = self.manifest.cache
         self.cache_layout = cache
-        budget = self.options.context_bytes or DEFAULT_CPU_CONTEXT_BYTES
+        budget, policy = self._context_budget()
         self.pool = ContextPool(PoolPlan.from_budget(
             budget, page_size=cache.page_size, bytes_per_page=cache.bytes_per_page(),
             bytes_per_slot=cache.bytes_per_slot(), num_slots=self.options.max_active))
+        self.memory = MemoryPlan(
+            device=f"{self.manifest.target['name']} ({self.manifest.target['device']})",
+            weights_bytes=self.weights_bytes, capacity_policy=policy, budget_bytes=budget,
+            pool=self.pool.plan, max_context=self.max_context, max_active=self.options.max_active)
         self.max_pages_per_seq = -(-self.max_context // cache.page_size)
         plan = self.pool.plan
+        self.scratch_page, self.scratch_slot = plan.num_pages, plan.num_slots
         self.kv_pool = tvm.runtime.empty(
-            (cache.attention_layers, plan.num_pages, *cache.kv_per_page), cache.kv_dtype, self.device)
-        self.gdn_state = tvm.runtime.empty((cache.gdn_layers, plan.num_slots, *cache.gdn_state_per_slot), "float32", self.device)
+            (cache.attention_layers, plan.num_pages + scratch, *cache.kv_per_page), cache.kv_dtype, self.device)
+        self.gdn_state = tvm.runtime.empty(
+            (cache.gdn_layers, plan.num_slots + scratch, *cache.gdn_state_per_slot), "float32", self.device)
         self.conv_state = tvm.runtime.empty(
-            (cache.gdn_layers, plan.num_slots, *cache.conv_state_per_slot), cache.conv_dtype, self.device)
+            (cache.gdn_layers, plan.num_slots + scratch, *cache.conv_state_per_slot), cache.conv_dtype, self.device)
+
+    def _context_budget(self) -> tuple[int, str]:
+        """The pool's byte budget and whether it was given ("explicit") or planned ("auto")."""
+        explicit = self.options.context_bytes
+        if explicit is None and self.options.context_capacity != AUTO:
+            explicit = int(self.options.context_capacity)
+        if explicit is not None:
+            if explicit <= 0:
+                raise PackageError(f"context capacity must be a positive byte count, got {explicit}")
+            return explicit, "explicit"
+        cache = self.cache_layout
+        if self.manifest.target["device"] == "cuda":  # every slot can hold a full-length sequence
+            pages_per_seq = -(-self.max_context // cache.page_size)
+            n = self.options.max_active
+            return n * (cache.bytes_per_slot() + pages_per_seq * cache.bytes_per_page()), "auto"
+        return auto_context_bytes(
+            device_kind=self.manifest.target["device"], bytes_per_page=cache.bytes_per_page(),
+            bytes_per_slot=cache.bytes_per_slot(), page_size=cache.page_size, max_context=self.max_context,
+            num_slots=self.options.max_active, headroom_bytes=self.options.auto_headroom_bytes), "auto"
+
+    def describe(self) -> dict:
+        """The startup memory plan (weights, context pool, estimated token capacity) as a dict."""
+        return self.memory.as_dict()
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -136,7 +205,31 @@ class ModelRunner:
                 raise PackageError(f"sequence would exceed the package's max_context {self.max_context}")
             self.pool.reserve(s, s.length + 1)
         positions = np.stack([self.text_positions(s.length, 1)[:, 0] for s in seqs], axis=1)
-        logits = self._call(self._decode, tokens, positions, seqs)
+        bucket = next((b for b in self.graph_buckets if b >= len(seqs)), None)
+        if bucket is None:
+            logits = self._call(self._decode, tokens, positions, seqs)
+        else:
+            logits = self._call_graph(bucket, tokens, positions, seqs)
         for s in seqs:
             s.length += 1
         return logits
+
+    def _call_graph(self, bucket: int, tokens: np.ndarray, positions: np.ndarray,
+                    seqs: list[SequenceCache]) -> np.ndarray:
+        """Decode through the bucket's CUDA graph; rows past `len(seqs)` are padding."""
+        n, pad = len(seqs), bucket - len(seqs)
+        inputs = self._graph_inputs.get(bucket)
+        if inputs is None:
+            inputs = self._graph_inputs[bucket] = _GraphInputs(bucket, self.max_pages_per_seq, self.device)
+        table = np.full((bucket, self.max_pages_per_seq), self.scratch_page, np.int32)
+        table[:n] = self._page_table(seqs)
+        args = inputs.write(
+            np.concatenate([tokens, np.zeros(pad, np.int32)]),
+            np.concatenate([positions, np.zeros((3, pad), np.int32)], axis=1),
+            table,
+            np.array([s.length for s in seqs] + [0] * pad, np.int32),
+            np.array([s.slot for s in seqs] + [self.scratch_slot] * pad, np.int32),
+        )
+        out = self._decode_graph(*args, self.kv_pool, self.gdn_state, self.conv_state, self.params)
+        logits, self.kv_pool, self.gdn_state, self.conv_state = out[0], out[1], out[2], out[3]
+        return logits.numpy()[:n]

@@ -1,13 +1,74 @@
-"""Small helpers shared by the kernels."""
+"""Small helpers shared by the kernels, and the choice between CPU and GPU kernel variants."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+
+import tvm
 from tvm import tirx
 from tvm.relax.frontend import nn
+from tvm.script import tirx as T
 
 # Attributes of a hand-written kernel: no scheduler may touch it; buffers never alias
 # (in-place arguments are one buffer, so this still holds).
 SCHEDULED_ATTRS = {"tirx.is_scheduled": True, "tirx.noalias": True}
+
+# "gpu-serial" forces the GPU kernels with their thread loops made serial (see `thread_loop`);
+# None means: follow the current TVM target.
+_FORCED_FLAVOR: ContextVar[str | None] = ContextVar("ninfer_kernel_flavor", default=None)
+
+
+def kernel_flavor() -> str:
+    """Which variant the ops emit: `cpu`, `gpu` or `gpu-serial`.
+
+    Ops are traced while the model is exported; the compile driver exports under
+    `with target:`, so a CUDA target selects the thread-bound GPU kernels without any
+    argument threading through the model code.
+    """
+    forced = _FORCED_FLAVOR.get()
+    if forced is not None:
+        return forced
+    target = tvm.target.Target.current(allow_none=True)
+    return "gpu" if target is not None and target.kind.name == "cuda" else "cpu"
+
+
+@contextlib.contextmanager
+def serial_gpu_kernels() -> Iterator[None]:
+    """Emit the GPU kernels with serial loops, so their logic can be checked on the CPU."""
+    token = _FORCED_FLAVOR.set("gpu-serial")
+    try:
+        yield
+    finally:
+        _FORCED_FLAVOR.reset(token)
+
+
+def thread_loop(bound: bool) -> Callable:
+    """`loop(extent, tag)`: a thread-bound loop on the GPU, or a serial one for CPU checks.
+
+    GPU kernels are written as phases, each a `for tx in loop(NT, "threadIdx.x")` over
+    shared buffers. TVM inserts the barriers between phases, so running each phase's
+    loop to completion in order (the serial form) computes exactly what the GPU does.
+    """
+
+    def loop(extent, tag: str):
+        return T.thread_binding(extent, thread=tag) if bound else T.serial(extent)
+
+    return loop
+
+
+def shared_scope(bound: bool) -> str:
+    """Shared memory on the GPU; a plain local array in the serial CPU form."""
+    return "shared" if bound else "local"
+
+
+def pow2_divisor(dim: int, cap: int) -> int:
+    """The largest power of two <= `cap` dividing `dim` (threads per block over `dim`)."""
+    n = 1
+    while n * 2 <= cap and dim % (n * 2) == 0:
+        n *= 2
+    return n
 
 
 def i32(value: int) -> tirx.IntImm:

@@ -15,7 +15,8 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 from tvm.script import tirx as T
 
-from .common import SCHEDULED_ATTRS, dtype_tag, i32, placeholder_like
+from .common import SCHEDULED_ATTRS, dtype_tag, i32, kernel_flavor, placeholder_like
+from .conv1d_gpu import causal_conv1d_gpu_func
 
 
 def causal_conv1d_func(channels: int, kernel: int, dtype: str, weight_dtype: str) -> tirx.PrimFunc:
@@ -84,8 +85,13 @@ def causal_conv1d_with_state(
     """
     channels = int(x.shape[-1])
     kernel = int(weight.shape[0])
-    func = causal_conv1d_func(channels, kernel, x.dtype, weight.dtype)
-    name = f"causal_conv1d_c{channels}_k{kernel}_{dtype_tag(x.dtype)}_{dtype_tag(weight.dtype)}"
+    flavor = kernel_flavor()
+    if flavor == "cpu":
+        func = causal_conv1d_func(channels, kernel, x.dtype, weight.dtype)
+    else:
+        func = causal_conv1d_gpu_func(channels, kernel, x.dtype, weight.dtype, bound=flavor == "gpu")
+    suffix = "" if flavor == "cpu" else "_gpu"
+    name = f"causal_conv1d_c{channels}_k{kernel}_{dtype_tag(x.dtype)}_{dtype_tag(weight.dtype)}{suffix}"
     y, state = op.tensor_ir_inplace_op(
         func,
         name,

@@ -25,7 +25,8 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 from tvm.script import tirx as T
 
-from .common import SCHEDULED_ATTRS, dtype_tag, i32, placeholder_like
+from .common import SCHEDULED_ATTRS, dtype_tag, i32, kernel_flavor, placeholder_like
+from .gated_delta_rule_gpu import gdn_chunked_gpu_func, gdn_recurrent_gpu_func
 
 CHUNK = 64
 
@@ -221,11 +222,17 @@ def gated_delta_rule(
     hv, dv = int(v.shape[2]), int(v.shape[3])
     if hv % hk:
         raise ValueError(f"GDN value heads {hv} are not a multiple of key heads {hk}")
-    make = gdn_chunked_func if chunked else gdn_recurrent_func
     kind = "chunked" if chunked else "recurrent"
-    name = f"gdn_{kind}_hk{hk}_hv{hv}_dk{dk}_dv{dv}_{dtype_tag(v.dtype)}"
+    flavor = kernel_flavor()
+    if flavor == "cpu":
+        func = (gdn_chunked_func if chunked else gdn_recurrent_func)(hk, hv, dk, dv, v.dtype)
+    else:
+        make = gdn_chunked_gpu_func if chunked else gdn_recurrent_gpu_func
+        func = make(hk, hv, dk, dv, v.dtype, bound=flavor == "gpu")
+    suffix = "" if flavor == "cpu" else "_gpu"
+    name = f"gdn_{kind}_hk{hk}_hv{hv}_dk{dk}_dv{dv}_{dtype_tag(v.dtype)}{suffix}"
     o, state = op.tensor_ir_inplace_op(
-        make(hk, hv, dk, dv, v.dtype),
+        func,
         name,
         [q, k, v, g, beta, gdn_state, slot_ids, seq_lens, i32(layer)],
         [-1, 5],

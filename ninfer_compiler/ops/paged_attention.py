@@ -10,8 +10,8 @@ prefill, verify) need no other kernel.
 
 `kv_append` writes the new K/V in place; `paged_attention` then lets token `(b, t)` attend
 to positions `0..p` of its sequence (itself included) with an online softmax in fp32.
-These are straightforward loop kernels, correct on any target's scalar path; GPU schedules
-come later.
+These are straightforward loop kernels for the CPU; under a CUDA target the thread-bound forms
+in `paged_attention_gpu` are emitted instead (`common.kernel_flavor`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 from tvm.script import tirx as T
 
-from .common import SCHEDULED_ATTRS, dtype_tag, i32, placeholder_like
+from .common import SCHEDULED_ATTRS, dtype_tag, i32, kernel_flavor, placeholder_like
+from .paged_attention_gpu import kv_append_gpu_func, paged_attention_gpu_func
 
 
 def kv_append_func(num_kv_heads: int, head_dim: int, page_size: int, dtype: str) -> tirx.PrimFunc:
@@ -132,8 +133,12 @@ def kv_append(
 ) -> nn.Tensor:
     """Write `k`, `v` `[B, T, Hkv, D]` into `kv_pool[layer]`; returns the (in-place) pool."""
     hkv, d = int(k.shape[2]), int(k.shape[3])
-    func = kv_append_func(hkv, d, page_size, kv_pool.dtype)
-    name = f"kv_append_h{hkv}_d{d}_p{page_size}_{dtype_tag(kv_pool.dtype)}"
+    flavor = kernel_flavor()
+    if flavor == "cpu":
+        func = kv_append_func(hkv, d, page_size, kv_pool.dtype)
+    else:
+        func = kv_append_gpu_func(hkv, d, page_size, kv_pool.dtype, bound=flavor == "gpu")
+    name = f"kv_append_h{hkv}_d{d}_p{page_size}_{dtype_tag(kv_pool.dtype)}{_suffix(flavor)}"
     return op.tensor_ir_inplace_op(
         func, name, [kv_pool, k, v, page_table, seq_lens, i32(layer)], [0], placeholder_like(kv_pool)
     )
@@ -154,11 +159,19 @@ def paged_attention(
     if hq % hkv:
         raise ValueError(f"query heads {hq} are not a multiple of KV heads {hkv}")
     scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    func = paged_attention_func(hq, hkv, d, page_size, q.dtype, scale)
-    name = f"paged_attention_q{hq}_kv{hkv}_d{d}_p{page_size}_{dtype_tag(q.dtype)}"
+    flavor = kernel_flavor()
+    if flavor == "cpu":
+        func = paged_attention_func(hq, hkv, d, page_size, q.dtype, scale)
+    else:
+        func = paged_attention_gpu_func(hq, hkv, d, page_size, q.dtype, scale, bound=flavor == "gpu")
+    name = f"paged_attention_q{hq}_kv{hkv}_d{d}_p{page_size}_{dtype_tag(q.dtype)}{_suffix(flavor)}"
     return op.tensor_ir_op(
         func,
         name,
         [q, kv_pool, page_table, seq_lens, i32(layer)],
         nn.Tensor.placeholder(q.shape, q.dtype),
     )
+
+
+def _suffix(flavor: str) -> str:
+    return "" if flavor == "cpu" else "_gpu"

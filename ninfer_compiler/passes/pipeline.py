@@ -11,6 +11,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ..codegen.graphs import rewrite_graph_variants
+
 
 def _fusion_passes() -> list[tvm.transform.Pass]:
     return [
@@ -42,13 +44,18 @@ def _schedule_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
     ]
 
 
-def _lowering_passes() -> list[tvm.transform.Pass]:
+def _lowering_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    # CUDA graphs (TVM's RewriteCUDAGraph, for the `<fn>_graph` variants only) act only under the
+    # `relax.backend.use_cuda_graph` pass config, after StaticPlanBlockMemory gave the
+    # intermediates static storage.
+    graphs = [rewrite_graph_variants] if target.kind.name == "cuda" else []
     return [
         relax.transform.RewriteDataflowReshape(),
         relax.transform.ToNonDataflow(),
         relax.transform.RemovePurityChecking(),
         relax.transform.CallTIRRewrite(),
         relax.transform.StaticPlanBlockMemory(),
+        *graphs,
         relax.transform.LowerAllocTensor(),
         relax.transform.KillAfterLastUse(),
         relax.transform.LowerRuntimeBuiltin(),
@@ -60,7 +67,7 @@ def _lowering_passes() -> list[tvm.transform.Pass]:
 
 def relax_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
     """The ordered pass list for `target` (readable top to bottom, testable)."""
-    return _fusion_passes() + _schedule_passes(target) + _lowering_passes()
+    return _fusion_passes() + _schedule_passes(target) + _lowering_passes(target)
 
 
 def relax_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:

@@ -54,6 +54,7 @@ class ServerConfig:
     api_key: str | None = setting(None, Text(), "required Bearer / x-api-key value; unset: no authentication", env="NINFER_API_KEY", secret=True)
     cors_origins: tuple[str, ...] = setting((), TextList(), 'origins allowed by CORS, e.g. ["*"]; empty: CORS off', flag="--cors-origin")
     request_log: Path | None = setting(None, PathValue(), "append-mode JSONL request log; the directory must exist")
+    request_log_text: bool = setting(False, Bool(), "include prompt and output text in the request log")
     max_body_bytes: int = setting(384 * MiB, Bytes(1), "largest request body (413 above)")
     max_queue: int = setting(16, Int(0, 65536), "requests allowed to wait beyond engine.max_active (429 above)")
     queue_timeout_ms: int = setting(30_000, Int(1, 86_400_000), "deadline for preparation plus queue wait (503 after), milliseconds")

@@ -1,0 +1,140 @@
+"""`ninfer bench`: prefill and decode speed of a package, against the device's own limits.
+
+Timing follows the project's rules: warm-up first, the device synchronised around every timed
+call, medians of repeats, real (random, non-zero) token ids through the real weights. Decode is
+measured per step at each concurrency (every sequence advances one token per step), so the
+per-request rate is 1 / step time and the aggregate rate is concurrency / step time. The weight
+bandwidth a step achieves (weight bytes / step time) is set against the copy bandwidth measured on
+the same device in the same run: that ratio is the fraction of the decode roofline.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .runner import ModelRunner
+
+
+@dataclass
+class DecodeRow:
+    concurrency: int
+    step_ms: float
+    per_request_tok_s: float
+    aggregate_tok_s: float
+    weight_gb_s: float
+    roofline_fraction: float | None
+
+
+@dataclass
+class BenchReport:
+    package: str
+    target: str
+    weight_bytes: int
+    copy_gb_s: float
+    prompt_len: int
+    prefill_ms: float
+    prefill_tok_s: float
+    decode: list[DecodeRow] = field(default_factory=list)
+    repeats: int = 0
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+    def table(self) -> str:
+        lines = [
+            f"package {self.package}  target {self.target}  weights {self.weight_bytes / 1e9:.3f} GB  "
+            f"copy bandwidth {self.copy_gb_s:.1f} GB/s (measured)",
+            f"prefill  {self.prompt_len} tokens: {self.prefill_ms:.2f} ms, {self.prefill_tok_s:.1f} tok/s",
+            f"{'concurrency':>11} {'step ms':>9} {'tok/s/req':>10} {'tok/s total':>12} {'weights GB/s':>13} {'of roofline':>12}",
+        ]
+        for r in self.decode:
+            frac = f"{100 * r.roofline_fraction:.1f}%" if r.roofline_fraction is not None else "n/a"
+            lines.append(f"{r.concurrency:>11} {r.step_ms:>9.3f} {r.per_request_tok_s:>10.1f} {r.aggregate_tok_s:>12.1f} "
+                         f"{r.weight_gb_s:>13.1f} {frac:>12}")
+        return "\n".join(lines)
+
+
+def _sync(runner: ModelRunner) -> None:
+    sync = getattr(runner.device, "sync", None)
+    if sync is not None:
+        sync()
+
+
+def copy_bandwidth(runner: ModelRunner, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Device copy bandwidth in GB/s (read + write bytes per second), on random data."""
+    import tvm.runtime
+
+    n = nbytes // 4
+    host = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+    src = tvm.runtime.tensor(host, runner.device)
+    dst = tvm.runtime.empty((n,), "float32", runner.device)
+    src.copyto(dst)
+    _sync(runner)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        src.copyto(dst)
+        _sync(runner)
+        times.append(time.perf_counter() - start)
+    return 2 * n * 4 / statistics.median(times) / 1e9
+
+
+def run_bench(runner: ModelRunner, *, prompt_len: int, decode_tokens: int, concurrency: list[int], repeats: int = 3,
+              warmup: int = 1, copy_bytes: int | None = None, seed: int = 0) -> BenchReport:
+    rng = np.random.default_rng(seed)
+    vocab = min(runner.manifest.raw["model"]["vocab_size"], 1 << 15)
+    weight_bytes = runner.manifest.raw.get("memory_plan", {}).get("weight_bytes", 0)
+    # several times any cache: 1 GiB on a GPU, 256 MiB on a host CPU
+    copy = copy_bandwidth(runner, copy_bytes or (1 << 30 if runner.manifest.target["device"] == "cuda" else 1 << 28))
+    if prompt_len + 1 > runner.max_context:
+        raise ValueError(f"--prompt-len {prompt_len} does not fit the package's max_context {runner.max_context}")
+
+    def prefill_once() -> float:
+        seq = runner.pool.acquire()
+        try:
+            tokens = rng.integers(2, vocab, prompt_len)
+            _sync(runner)
+            start = time.perf_counter()
+            runner.prefill(seq, tokens)
+            _sync(runner)
+            return time.perf_counter() - start
+        finally:
+            runner.pool.release(seq)
+
+    for _ in range(warmup):
+        prefill_once()
+    prefill = statistics.median(prefill_once() for _ in range(repeats))
+    report = BenchReport(str(runner.package), runner.manifest.target["name"], weight_bytes, copy, prompt_len,
+                         prefill * 1e3, prompt_len / prefill, repeats=repeats)
+    context = min(64, runner.max_context - decode_tokens - warmup - 1)
+    if context < 1:
+        raise ValueError(f"--decode-tokens {decode_tokens} does not fit the package's max_context {runner.max_context}")
+    for c in concurrency:
+        if c > runner.pool.plan.num_slots:
+            raise ValueError(f"concurrency {c} exceeds the runner's {runner.pool.plan.num_slots} sequence slots")
+        seqs = [runner.pool.acquire() for _ in range(c)]
+        try:
+            for s in seqs:
+                runner.prefill(s, rng.integers(2, vocab, context))
+            tokens = rng.integers(2, vocab, c)
+            for _ in range(warmup):
+                runner.decode(seqs, tokens)
+            steps = []
+            for _ in range(decode_tokens):
+                tokens = rng.integers(2, vocab, c)
+                _sync(runner)
+                start = time.perf_counter()
+                runner.decode(seqs, tokens)
+                _sync(runner)
+                steps.append(time.perf_counter() - start)
+        finally:
+            for s in seqs:
+                runner.pool.release(s)
+        step = statistics.median(steps)
+        gbps = weight_bytes / step / 1e9
+        report.decode.append(DecodeRow(c, step * 1e3, 1 / step, c / step, gbps, gbps / copy if copy > 0 else None))
+    return report

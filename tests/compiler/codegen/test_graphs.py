@@ -1,0 +1,52 @@
+"""The CUDA-graph decode variant: the whole step is one captured region, other entries stay eager."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from ninfer_compiler.build import export_module
+from ninfer_compiler.codegen.graphs import add_graph_variants, bucket_sizes
+from ninfer_compiler.codegen.targets import tvm_target
+from ninfer_compiler.frontend.options import ModelOptions
+from ninfer_compiler.frontend.qwen3_5.config import Qwen35TextConfig
+from ninfer_compiler.frontend.qwen3_5.model import Qwen35ForCausalLM
+from ninfer_compiler.passes.pipeline import relax_pipeline
+from ninfer_runtime import targets
+from tests.compiler.test_build import TEXT
+
+
+def test_buckets():
+    assert bucket_sizes(8) == [1, 2, 4, 8]
+    assert bucket_sizes(6) == [1, 2, 4, 6]
+    assert bucket_sizes(1) == [1]
+
+
+def test_decode_graph_captures_the_whole_step():
+    target = tvm_target(targets.load("h200"))
+    model = Qwen35ForCausalLM(Qwen35TextConfig.from_dict(TEXT), ModelOptions(dtype="bfloat16"))
+    with target:
+        mod, _ = export_module(model, model.upper_bounds(max_prefill_tokens=64, max_batch=4))
+    mod = add_graph_variants(mod)
+    assert int(mod["decode_graph"].attrs["num_input"]) == 0
+    with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
+        mod = relax_pipeline(target)(mod)
+    relax_fns = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, relax.Function)}
+    assert sorted(n for n in relax_fns if "capture" in n) == ["decode_graph_cuda_graph_capture"]
+    graph = relax_fns["decode_graph"].script()
+    assert graph.count("vm.builtin.cuda_graph.run_or_capture") == 1
+    for eager in ("decode", "prefill", "prefill_all_logits"):
+        assert "run_or_capture" not in relax_fns[eager].script(), eager
+    # every kernel runs inside the graph except the one writing the logits (allocated per call)
+    kernels = [gv.name_hint for gv, f in mod.functions.items()
+               if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint != "shape_func"]  # host shape code
+
+    def launches(script: str) -> list[str]:
+        return [line.strip() for line in script.splitlines()
+                if any(line.strip().startswith(f"{k}(") for k in kernels)]
+
+    outside = launches(graph)
+    inside = launches(relax_fns["decode_graph_cuda_graph_capture"].script())
+    assert len(outside) == 1 and outside[0].startswith("fused_dense_nt")
+    assert len(inside) > 30
+    assert len(inside) + 1 == len(launches(relax_fns["decode"].script()))

@@ -1,0 +1,31 @@
+"""`ninfer bench` on the tiny cpu package: a complete table and JSON, and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from ninfer_cli.main import cli
+
+
+def test_bench_table_and_json(tiny_package, tmp_path):
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(cli, ["bench", str(tiny_package), "--prompt-len", "100", "--decode-tokens", "5",
+                                      "--concurrency", "1,3", "--repeats", "2", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["prompt_len"] == 100 and report["prefill_tok_s"] > 0 and report["copy_gb_s"] > 0
+    assert [r["concurrency"] for r in report["decode"]] == [1, 3]
+    for row in report["decode"]:
+        assert row["step_ms"] > 0
+        assert abs(row["aggregate_tok_s"] - row["concurrency"] * row["per_request_tok_s"]) < 1e-6 * row["aggregate_tok_s"]
+        assert 0 < row["roofline_fraction"]
+    assert "of roofline" in result.stdout and "prefill  100 tokens" in result.stdout
+
+
+def test_bench_errors(tiny_package):
+    result = CliRunner().invoke(cli, ["bench", str(tiny_package), "--prompt-len", "100000"])
+    assert result.exit_code == 1 and "max_context" in result.stderr
+    result = CliRunner().invoke(cli, ["bench", str(tiny_package), "--concurrency", "1,x"])
+    assert result.exit_code == 2 and "comma-separated" in result.output
