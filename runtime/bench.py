@@ -46,7 +46,7 @@ class BenchReport:
 
     def table(self) -> str:
         lines = [
-            f"package {self.package}  target {self.target}  weights {self.weight_bytes / 1e9:.3f} GB  "
+            f"package {self.package}  target {self.target}  weights read per decode step {self.weight_bytes / 1e9:.3f} GB  "
             f"copy bandwidth {self.copy_gb_s:.1f} GB/s (measured)",
             f"prefill  {self.prompt_len} tokens: {self.prefill_ms:.2f} ms, {self.prefill_tok_s:.1f} tok/s",
             f"{'concurrency':>11} {'step ms':>9} {'tok/s/req':>10} {'tok/s total':>12} {'weights GB/s':>13} {'of roofline':>12}",
@@ -56,6 +56,17 @@ class BenchReport:
             lines.append(f"{r.concurrency:>11} {r.step_ms:>9.3f} {r.per_request_tok_s:>10.1f} {r.aggregate_tok_s:>12.1f} "
                          f"{r.weight_gb_s:>13.1f} {frac:>12}")
         return "\n".join(lines)
+
+
+def decode_weight_bytes(runner: ModelRunner) -> int:
+    """Weight bytes one decode step reads: every parameter but the embedding table (one row each)."""
+    itemsize = {"float32": 4, "int32": 4, "bfloat16": 2, "float16": 2, "uint8": 1}
+    total = 0
+    for p in runner.manifest.params:
+        if p.binding == "text/token_embedding":
+            continue
+        total += int(np.prod(p.shape)) * itemsize[p.dtype]
+    return total
 
 
 def _sync(runner: ModelRunner) -> None:
@@ -87,7 +98,7 @@ def run_bench(runner: ModelRunner, *, prompt_len: int, decode_tokens: int, concu
               warmup: int = 1, copy_bytes: int | None = None, seed: int = 0) -> BenchReport:
     rng = np.random.default_rng(seed)
     vocab = min(runner.manifest.raw["model"]["vocab_size"], 1 << 15)
-    weight_bytes = runner.manifest.raw.get("memory_plan", {}).get("weight_bytes", 0)
+    weight_bytes = decode_weight_bytes(runner)
     # several times any cache: 1 GiB on a GPU, 256 MiB on a host CPU
     copy = copy_bandwidth(runner, copy_bytes or (1 << 30 if runner.manifest.target["device"] == "cuda" else 1 << 28))
     if prompt_len + 1 > runner.max_context:
