@@ -9,8 +9,9 @@ so running out is a scheduling event (wait, preempt, finish) instead of an out-o
 * CPU: room for `num_slots` sequences at the full `max_context` (the most the engine can ever
   use), but at most half of the host memory available at startup minus the headroom. Host memory
   is shared with the OS and other processes, so auto never plans for more than it can use.
-* CUDA: what is free on the device after weights, minus the headroom (needs the CUDA runtime;
-  not available in this build).
+* CUDA: what is free on the device once the weights are loaded, minus the headroom (which also
+  covers the compiled functions' workspace), but no more than `num_slots` full-length sequences
+  can use.
 """
 
 from __future__ import annotations
@@ -32,15 +33,28 @@ def available_host_bytes() -> int | None:
     return None
 
 
+class CapacityError(ValueError):
+    """The device cannot hold the context pool the configuration asks for."""
+
+
 def auto_context_bytes(*, device_kind: str, bytes_per_page: int, bytes_per_slot: int, page_size: int,
-                       max_context: int, num_slots: int, headroom_bytes: int) -> int:
+                       max_context: int, num_slots: int, headroom_bytes: int,
+                       device_free_bytes: int | None = None) -> int:
     """The pool budget `context_capacity = "auto"` stands for (see the module docstring)."""
-    if device_kind != "cpu":
-        raise NotImplementedError(f"context_capacity = auto on {device_kind} needs the CUDA runtime; give a byte size")
     pages_per_seq = -(-max_context // page_size)
     slots = num_slots * bytes_per_slot
     want = slots + num_slots * pages_per_seq * bytes_per_page
     floor = slots + pages_per_seq * bytes_per_page  # one full-length sequence
+    if device_kind == "cuda":
+        if device_free_bytes is None:
+            raise CapacityError("context_capacity = auto needs the device's free memory; give a byte size instead")
+        budget = min(want, device_free_bytes - headroom_bytes)
+        if budget < floor:
+            raise CapacityError(
+                f"the GPU has {device_free_bytes / 2**30:.2f} GiB free after the weights; with "
+                f"{headroom_bytes / 2**30:.2f} GiB headroom that is less than one {max_context}-token sequence "
+                f"plus {num_slots} state slots ({floor / 2**30:.2f} GiB): lower max_context or max_active")
+        return budget
     available = available_host_bytes()
     if available is None:
         return want

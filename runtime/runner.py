@@ -16,7 +16,7 @@ import tvm
 import tvm.runtime
 from tvm.runtime import vm as tvm_vm
 
-from .memory import MemoryPlan, auto_context_bytes
+from .memory import CapacityError, MemoryPlan, auto_context_bytes
 from .package import (
     LIBRARY,
     Manifest,
@@ -135,14 +135,18 @@ class ModelRunner:
                 raise PackageError(f"context capacity must be a positive byte count, got {explicit}")
             return explicit, "explicit"
         cache = self.cache_layout
-        if self.manifest.target["device"] == "cuda":  # every slot can hold a full-length sequence
-            pages_per_seq = -(-self.max_context // cache.page_size)
-            n = self.options.max_active
-            return n * (cache.bytes_per_slot() + pages_per_seq * cache.bytes_per_page()), "auto"
-        return auto_context_bytes(
-            device_kind=self.manifest.target["device"], bytes_per_page=cache.bytes_per_page(),
-            bytes_per_slot=cache.bytes_per_slot(), page_size=cache.page_size, max_context=self.max_context,
-            num_slots=self.options.max_active, headroom_bytes=self.options.auto_headroom_bytes), "auto"
+        free = None
+        if self.manifest.target["device"] == "cuda":  # the weights are on the device already
+            free = self.device.available_global_memory
+        try:
+            budget = auto_context_bytes(
+                device_kind=self.manifest.target["device"], bytes_per_page=cache.bytes_per_page(),
+                bytes_per_slot=cache.bytes_per_slot(), page_size=cache.page_size, max_context=self.max_context,
+                num_slots=self.options.max_active, headroom_bytes=self.options.auto_headroom_bytes,
+                device_free_bytes=free)
+        except CapacityError as exc:
+            raise PackageError(str(exc)) from None
+        return budget, "auto"
 
     def describe(self) -> dict:
         """The startup memory plan (weights, context pool, estimated token capacity) as a dict."""

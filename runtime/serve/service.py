@@ -101,7 +101,7 @@ class Service:
                                              resource(package, "tokenizer_config.json"),
                                              json.dumps(generation_config), template_bytes)
             template = ChatTemplate.from_tokenizer(tokenizer)
-        except (PackageError, ChatTemplateError, PoolExhausted, NotImplementedError, OSError, ValueError) as exc:
+        except (PackageError, ChatTemplateError, PoolExhausted, OSError, ValueError) as exc:
             raise StartupError(str(exc)) from None
         max_context = config.context.max_context
         engine = Engine(runner, tokenizer, max_active=config.engine.max_active, max_queue=config.server.max_queue,

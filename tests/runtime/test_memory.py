@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ninfer_runtime import memory
-from ninfer_runtime.memory import auto_context_bytes, human_bytes
+from ninfer_runtime.memory import CapacityError, auto_context_bytes, human_bytes
 from ninfer_runtime.package import PackageError
 from ninfer_runtime.pools import PoolExhausted
 
@@ -24,9 +24,15 @@ def test_auto_context_bytes(monkeypatch, available, expected):
     assert auto_context_bytes(**SIZES) == expected
 
 
-def test_auto_needs_a_size_off_cpu():
-    with pytest.raises(NotImplementedError, match="give a byte size"):
-        auto_context_bytes(**{**SIZES, "device_kind": "cuda"})
+def test_auto_on_cuda_uses_free_device_memory():
+    cuda = {**SIZES, "device_kind": "cuda", "headroom_bytes": 100}
+    with pytest.raises(CapacityError, match="give a byte size"):
+        auto_context_bytes(**cuda)  # free memory unknown
+    full = 4 * 10 + 4 * 10 * 1000  # slots + every slot at full length (from SIZES)
+    assert auto_context_bytes(**cuda, device_free_bytes=10**9) == full  # never more than can be used
+    assert auto_context_bytes(**cuda, device_free_bytes=20_100) == 20_000  # what is free minus headroom
+    with pytest.raises(CapacityError, match="lower max_context or max_active"):
+        auto_context_bytes(**cuda, device_free_bytes=5_000)
 
 
 def test_runner_plans(make_runner):
