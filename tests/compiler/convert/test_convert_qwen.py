@@ -23,6 +23,8 @@ from ninfer_compiler.testmodel.factory import cached_hf_model
 from ninfer_runtime.artifact import Artifact
 from ninfer_runtime.artifact.quantize import rounding_bound
 
+from .test_convert_qwen4_glm import qwen_vision_expected
+
 ARCHS = ("qwen3_5", "qwen3_5_moe")
 RECIPES = ("bf16", "groupwise-int", "nvfp4")
 
@@ -83,25 +85,7 @@ def expected_bindings(hf_dir: Path) -> dict[str, np.ndarray]:
         out["mtp/hidden_norm"] = t["mtp.pre_fc_norm_hidden.weight"]
         out["mtp/final_norm"] = t["mtp.norm.weight"]
         layer("mtp.layers.0.", "mtp/layers/0/", "full_attention")
-    v = "model.visual."
-    out["vision/patch_embedding"] = t[v + "patch_embed.proj.weight"].reshape(cfg["vision_config"]["hidden_size"], -1)
-    out["vision/patch_embedding_bias"] = t[v + "patch_embed.proj.bias"]
-    out["vision/position_embedding"] = t[v + "pos_embed.weight"]
-    width = cfg["vision_config"]["hidden_size"]
-    for b in range(cfg["vision_config"]["depth"]):
-        hp, p = f"{v}blocks.{b}.", f"vision/layers/{b}/"
-        for n in ("norm1", "norm2"):
-            out[f"{p}{n}_weight"], out[f"{p}{n}_bias"] = t[f"{hp}{n}.weight"], t[f"{hp}{n}.bias"]
-        for i, n in enumerate(("query", "key", "value")):
-            out[f"{p}attention/{n}"] = t[hp + "attn.qkv.weight"][i * width : (i + 1) * width]
-            out[f"{p}attention/{n}_bias"] = t[hp + "attn.qkv.bias"][i * width : (i + 1) * width]
-        out[p + "attention/output"], out[p + "attention/output_bias"] = t[hp + "attn.proj.weight"], t[hp + "attn.proj.bias"]
-        for n in ("fc1", "fc2"):
-            out[f"{p}mlp/{n}"], out[f"{p}mlp/{n}_bias"] = t[f"{hp}mlp.linear_{n}.weight"], t[f"{hp}mlp.linear_{n}.bias"]
-    mg = v + "merger."
-    out["vision/merger/norm_weight"], out["vision/merger/norm_bias"] = t[mg + "norm.weight"], t[mg + "norm.bias"]
-    for n in ("fc1", "fc2"):
-        out[f"vision/merger/{n}"], out[f"vision/merger/{n}_bias"] = t[f"{mg}linear_{n}.weight"], t[f"{mg}linear_{n}.bias"]
+    qwen_vision_expected(t, cfg["vision_config"], out)
     ck.close()
     return out
 

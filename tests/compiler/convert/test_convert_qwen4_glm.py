@@ -51,7 +51,8 @@ def _int64_words(values: np.ndarray) -> np.ndarray:
     return np.array(out, dtype=np.int64)
 
 
-def _qwen_vision(t: dict, vcfg: dict, out: dict) -> None:
+def qwen_vision_expected(t: dict, vcfg: dict, out: dict) -> None:
+    """Expected vision bindings of a Qwen-family checkpoint (shared by the Qwen3.5 and Qwen4Exp tests)."""
     v, width = "model.visual.", vcfg["hidden_size"]
     out["vision/patch_embedding"] = t[v + "patch_embed.proj.weight"].reshape(width, -1)
     out["vision/patch_embedding_bias"] = t[v + "patch_embed.proj.bias"]
@@ -139,7 +140,7 @@ def expected_qwen4(hf_dir: Path) -> dict[str, np.ndarray]:
         out["mtp/hidden_norm"] = t["mtp.pre_fc_norm_hidden.weight"]
         hc("mtp.hyper_connection_mixer.", "mtp/hyper_connection/", False)
         layer("mtp.layers.0.", "mtp/layers/0/", "indexed_attention")
-    _qwen_vision(t, cfg["vision_config"], out)
+    qwen_vision_expected(t, cfg["vision_config"], out)
     return out
 
 
