@@ -12,6 +12,7 @@ import tvm
 from tvm import relax
 
 from ..codegen.graphs import rewrite_graph_variants
+from .low_batch import schedule_low_batch
 
 
 def _fusion_passes() -> list[tvm.transform.Pass]:
@@ -28,12 +29,17 @@ def _fusion_passes() -> list[tvm.transform.Pass]:
 
 
 def _schedule_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
-    """Target schedules for TE-generated kernels; our TIR kernels are marked scheduled."""
+    """Target schedules for TE-generated kernels; our TIR kernels are marked scheduled.
+
+    Decode's matmuls (symbolic batch bounded by `max_batch`) take the low-batch GEMV first
+    (`low_batch.py`); the default rules then schedule what is left (prefill matmuls: `Matmul`).
+    """
     if target.kind.name == "llvm":
         return []  # the scalar lowering of unscheduled TIR is correct on CPU
     from tvm.s_tir import dlight as dl
 
     return [
+        schedule_low_batch,
         dl.ApplyDefaultSchedule(
             dl.gpu.Matmul(),
             dl.gpu.GEMV(),

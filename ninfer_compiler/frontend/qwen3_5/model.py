@@ -235,7 +235,10 @@ class Qwen35ForCausalLM(nn.Module):
             conv_state,
             chunked=False,
         )
-        return (self._logits(op.reshape(x, [b, self.cfg.hidden_size])), *caches)
+        # The head runs on `[b, 1, H]` so its kernel is not shared with `prefill_all_logits`'
+        # `[n, H]` one: a decode-only kernel gets the low-batch GEMV schedule (passes/low_batch.py).
+        logits = self._logits(x)
+        return (op.reshape(logits, [b, logits.shape[-1]]), *caches)
 
     def _prefill_hidden(
         self,
