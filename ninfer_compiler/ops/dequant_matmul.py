@@ -14,6 +14,7 @@ from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
+from . import qgemv
 from .common import dtype_tag
 from .row_split import grouped_format
 
@@ -61,9 +62,15 @@ def dequant_matmul(
     fmt: str,
     in_features: int,
 ) -> nn.Tensor:
-    """`y[..., n] = sum_k x[..., k] * W[n, k]` with `W` the dequantised planes (fp32 acc)."""
+    """`y[..., n] = sum_k x[..., k] * W[n, k]` with `W` the dequantised planes (fp32 acc).
+
+    Decode-shaped calls (`[b, 1, K]`) on CUDA targets go to our GEMV (`ops/qgemv.py`);
+    prefill and CPU keep this TE op.
+    """
     out_dtype = x.dtype
     rows = int(base.shape[0])
+    if qgemv.supported(x, rows, in_features):
+        return qgemv.qgemv(x, base, high, scales, fmt)
 
     def compute(x: te.Tensor, *planes: te.Tensor) -> te.Tensor:
         b, s = planes[0], planes[-1]

@@ -1,0 +1,95 @@
+"""Our dequantize-fused decode GEMV (`qgemv_cuda.cu`) as an extern of the exported model.
+
+Why: dlight's GEMV over the uint8 planes loads a byte per weight and is instruction-bound
+(docs/kernel-notes.md, v1 at 4-16% of bandwidth). The CUDA kernel is compiled here by nvcc to a
+fatbin with SASS for exactly the target's arch (no PTX, cached like TVM's kernels), embedded as
+bytes into a small C++ launcher (`qgemv_host.cc`, driver API) and linked into the package as an
+`nn.SourceModule`; `codegen.fatbin.inspect_library` sees its fatbin like TVM's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import tempfile
+from pathlib import Path
+
+import tvm
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn.exporter import Exporter
+
+from ..codegen.toolchain import ToolchainError, kernel_cache_dir, nvcc_path, nvcc_version
+from .row_split import grouped_format
+
+HERE = Path(__file__).resolve().parent
+DEVICE_SOURCE = HERE / "qgemv_cuda.cu"
+HOST_SOURCE = HERE / "qgemv_host.cc"
+SYMBOL = "ninfer_qgemv"
+MAX_ROWS = 8  # decode batch rows per weight read (larger batches loop in the launcher)
+
+
+def supported(x: nn.Tensor, rows: int, in_features: int) -> bool:
+    """Decode-shaped call (`[b, 1, K]`) on a CUDA target with shapes the kernel handles."""
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None or target.kind.name != "cuda" or str(x.dtype) not in ("bfloat16", "float32"):
+        return False
+    shape = x.shape
+    return len(shape) == 3 and isinstance(shape[1], int) and shape[1] == 1 and in_features % 128 == 0 and rows % 4 == 0
+
+
+def fatbin(arch: str) -> bytes:
+    """nvcc's fatbin of the kernel for `arch` (SASS only), cached by source, arch and nvcc."""
+    source = DEVICE_SOURCE.read_bytes()
+    flags = ["-O3", "-std=c++17", f"-gencode=arch={arch.replace('sm_', 'compute_')},code={arch}"]
+    key = hashlib.sha256(b"\0".join([source, nvcc_version().encode(), " ".join(flags).encode()])).hexdigest()[:24]
+    path = kernel_cache_dir() / arch / f"qgemv-{key}.fatbin"
+    if path.exists():
+        return path.read_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "qgemv.fatbin"
+        proc = subprocess.run([nvcc_path(), "-fatbin", *flags, str(DEVICE_SOURCE), "-o", str(out)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ToolchainError(f"nvcc failed on {DEVICE_SOURCE.name}:\n{proc.stderr[-4000:]}")
+        data = out.read_bytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return data
+
+
+def _host_source(arch: str) -> str:
+    data = fatbin(arch)
+    body = ",".join(str(b) for b in data)
+    return (f"alignas(64) static const unsigned char NINFER_QGEMV_FATBIN[{len(data)}] = {{{body}}};\n"
+            + HOST_SOURCE.read_text())
+
+
+def _extern(target: tvm.target.Target) -> nn.SourceModule:
+    """The launcher module, registered once per export (a symbol may be added only once)."""
+    exporter = Exporter.current()
+    module = getattr(exporter, "_ninfer_qgemv", None)
+    if module is not None:
+        return module
+    mtriple = str(target.host.attrs.get("mtriple", "")) if target.host is not None else ""
+    compiler = f"{mtriple}-g++" if mtriple else None
+
+    def infer(x: nn.Tensor, base: nn.Tensor, high: nn.Tensor, scales: nn.Tensor, bits: int) -> nn.Tensor:
+        return nn.Tensor.placeholder([*x.shape[:-1], base.shape[0]], x.dtype)
+
+    module = nn.SourceModule(
+        {SYMBOL: infer},
+        source_code=_host_source(str(target.arch)),
+        source_format="cpp",
+        compile_options=[*nn.SourceModule.get_compile_options("cpp"), "-fPIC"],
+        compiler=compiler,
+    )
+    nn.add_extern(module)
+    exporter._ninfer_qgemv = module  # noqa: SLF001 (per-export registration flag)
+    return module
+
+
+def qgemv(x: nn.Tensor, base: nn.Tensor, high: nn.Tensor | None, scales: nn.Tensor, fmt: str) -> nn.Tensor:
+    """`y[b, 0, n] = sum_k x[b, 0, k] * W[n, k]` on the GPU through `qgemv_cuda.cu` (fp32 acc)."""
+    target = tvm.target.Target.current()
+    bits = grouped_format(fmt).bits
+    return _extern(target)[SYMBOL](x, base, base if high is None else high, scales, bits)
