@@ -182,6 +182,15 @@ class ModelRunner:
 
     # -- steps -------------------------------------------------------------------------------
 
+    def embed(self, tokens: list[int] | np.ndarray) -> np.ndarray:
+        """Token embeddings `[n, hidden]` as the model computes them (for merging media features)."""
+        tokens = np.asarray(tokens, np.int32)
+        if tokens.size == 0:
+            raise ValueError("embed needs at least one token")
+        rows = [self.vm["embed"](self._tensor(tokens[i : i + self.prefill_chunk]), self.params).numpy()
+                for i in range(0, tokens.size, self.prefill_chunk)]
+        return np.concatenate(rows)
+
     def prefill(self, seq: SequenceCache, tokens: list[int] | np.ndarray, *, all_logits: bool = False,
                 positions: np.ndarray | None = None) -> np.ndarray:
         """Feed `tokens` after `seq.length` cached ones (in chunks); logits of the last (or every) token."""

@@ -231,3 +231,15 @@ def test_run_with_cpu_tiny_config(built, tmp_path, monkeypatch):
     assert "summary     max context               1024" in result.stderr  # the package's limit (< the file's 2048)
     ids = re.search(r"token_ids: ([0-9 ]+)", result.stderr).group(1).split()
     assert 1 <= len(ids) <= 64  # sampling.max_tokens = 64 in the file
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "groupwise-int"])
+def test_embed_returns_the_artifact_rows(built, recipe):
+    """`embed` gives exactly the decoded embedding rows (bf16 words, or dequantized q6/q8 codes)."""
+    runner = ModelRunner(built[f"pkg-{recipe}"])
+    ids = [5, 0, 511, 5, 300] + list(range(40, 80))  # repeats and both ends; more than one 32-token chunk
+    with Artifact(built[recipe]) as art:
+        table = art.parameter("text/token_embedding", (512, 64))
+    np.testing.assert_array_equal(runner.embed(ids), table[ids])
+    with pytest.raises(ValueError, match="at least one token"):
+        runner.embed([])

@@ -240,6 +240,12 @@ class Qwen35ForCausalLM(nn.Module):
         logits = self._logits(x)
         return (op.reshape(logits, [b, logits.shape[-1]]), *caches)
 
+    def embed(self, input_ids: nn.Tensor) -> nn.Tensor:
+        """Token embeddings `[n, H]` in the activation dtype: the rows media features replace."""
+        n = input_ids.shape[0]
+        x = self.token_embedding(op.reshape(input_ids, [1, n]))
+        return op.reshape(x, [n, self.cfg.hidden_size])
+
     def _prefill_hidden(
         self,
         input_ids: nn.Tensor,
@@ -308,6 +314,7 @@ class Qwen35ForCausalLM(nn.Module):
             "prefill": entry("n", 1),
             "prefill_all_logits": entry("n", 1),
             "decode": entry("b", "b"),
+            "embed": {"input_ids": spec.Tensor(["n"], "int32"), "$": mode},
         }
 
     def upper_bounds(self, max_prefill_tokens: int = 2048, max_batch: int = 64) -> dict:
@@ -316,4 +323,5 @@ class Qwen35ForCausalLM(nn.Module):
             "prefill": {"n": max_prefill_tokens},
             "prefill_all_logits": {"n": max_prefill_tokens},
             "decode": {"b": max_batch},
+            "embed": {"n": max_prefill_tokens},
         }
