@@ -1,0 +1,101 @@
+"""Host launchers for ahead-of-time compiled kernel images, linked into the exported package.
+
+An extern is C++ source (exported with `TVM_FFI_DLL_EXPORT_TYPED_FUNC`, destination-passing:
+inputs, then scalars, then the output) plus the kernel images it launches. We prepend
+`cuda_driver.h` and the images as byte arrays, and register the result once per export as an
+`nn.SourceModule`, compiled by the host's C++ compiler (the cross compiler for AArch64 hosts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import tvm
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn.exporter import Exporter
+
+HEADER = Path(__file__).resolve().parent / "cuda_driver.h"
+INCLUDE_LINE = '#include "ninfer_cuda.h"'
+
+
+class Image(Protocol):
+    """What an embedded image needs (`triton_aot.KernelImage` is one)."""
+
+    name: str
+    shared: int
+
+    @property
+    def threads(self) -> int: ...
+
+    @property
+    def fatbin(self) -> bytes: ...
+
+
+def image_table(images: Sequence[Image]) -> str:
+    """C++ for the images as byte arrays and `ninfer_cuda::images()` over them."""
+    names = [img.name for img in images]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate kernel names in one extern: {names}")
+    parts = ["namespace {"]
+    for i, img in enumerate(images):
+        body = ",".join(str(b) for b in img.fatbin)
+        parts.append(f"alignas(64) const unsigned char kImage{i}[{len(img.fatbin)}] = {{{body}}};")
+    rows = ",\n".join(
+        f'    {{"{img.name}", kImage{i}, {int(img.shared)}u, {int(img.threads)}u}}'
+        for i, img in enumerate(images)
+    )
+    parts.append("namespace ninfer_cuda {")
+    parts.append(f"const Image kImages[] = {{\n{rows}\n}};" if images else "const Image* kImages = nullptr;")
+    parts.append(
+        f"const Image* images(int* count) {{ *count = {len(images)}; return kImages; }}"
+    )
+    parts.append("}  // namespace ninfer_cuda")
+    parts.append("}  // namespace")
+    return "\n".join(parts) + "\n"
+
+
+def host_source(launcher: str, images: Sequence[Image]) -> str:
+    """The whole translation unit: driver header, image table, the extern's launcher."""
+    return (HEADER.read_text() + "\n" + image_table(images) + "\n"
+            + launcher.replace(INCLUDE_LINE, "// (ninfer_cuda.h is prepended by the build)"))
+
+
+def extern(
+    key: str,
+    functions: dict[str, Callable[..., nn.Tensor]],
+    launcher: str,
+    images: Sequence[Image],
+) -> nn.SourceModule:
+    """The extern module `key` of the current export, built and registered on first use.
+
+    `functions` maps each exported symbol to its output-shape inference (called with the op's
+    arguments, returns `nn.Tensor.placeholder(...)`). Call the result as `module[symbol](...)`.
+    """
+    exporter = Exporter.current()
+    registered: dict[str, nn.SourceModule] = getattr(exporter, "_ninfer_externs", None) or {}
+    module = registered.get(key)
+    if module is not None:
+        return module
+    target = tvm.target.Target.current()
+    mtriple = str(target.host.attrs.get("mtriple", "")) if target.host is not None else ""
+    module = nn.SourceModule(
+        functions,
+        source_code=host_source(launcher, images),
+        source_format="cpp",
+        compile_options=[*nn.SourceModule.get_compile_options("cpp"), "-fPIC"],
+        compiler=f"{mtriple}-g++" if mtriple else None,
+    )
+    nn.add_extern(module)
+    registered[key] = module
+    exporter._ninfer_externs = registered  # noqa: SLF001 (per-export registry)
+    return module
+
+
+def current_arch() -> str:
+    """The CUDA arch of the current target (`sm_90a`), for choosing which images to build."""
+    target = tvm.target.Target.current()
+    if target is None or target.kind.name != "cuda":
+        raise ValueError("a CUDA target must be current")
+    return str(target.arch)

@@ -1,0 +1,172 @@
+"""Triton kernels compiled ahead of time to a cubin for one CUDA arch (no GPU needed).
+
+Why: Triton gives tensor-core tiles (mma.sync, wgmma on sm_90a) with little code, and its
+compiler runs without a device. We compile at package build time, embed the cubin in the
+package's host library (`ops/cuda_extern.py`) and launch it through the driver API, so a
+package never needs Triton, NVRTC or PTX JIT where it runs. Results are cached on disk by the
+kernel's source, signature, constants, options, arch and Triton version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..codegen.toolchain import ToolchainError, kernel_cache_dir, nvcc_path
+
+POINTER_ALIGN = 16  # every pointer argument is compiled assuming this alignment (checked at launch)
+
+
+@dataclass(frozen=True)
+class KernelImage:
+    """A compiled kernel: entry symbol, its SASS (cubin, and that cubin in a fatbin) and launch shape.
+
+    The fatbin is what a package embeds: the library checks (`codegen/fatbin.py`) then see its
+    SASS arch like that of every other kernel, and the driver loads either form.
+    """
+
+    name: str
+    cubin: bytes
+    fatbin: bytes
+    shared: int  # dynamic shared memory bytes to launch with
+    num_warps: int
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * 32
+
+
+def _arch_capability(arch: str) -> int:
+    """`sm_90a` -> 90 (Triton emits the `a` variant for 90, 100, 120 and 121 itself)."""
+    digits = arch.removeprefix("sm_").rstrip("af")
+    if not digits.isdigit():
+        raise ToolchainError(f"not a CUDA arch: {arch!r}")
+    return int(digits)
+
+
+def _source_key(fn: Any) -> str:
+    """Identity of a JIT function's code (its own source and the Triton version)."""
+    import triton
+
+    src = getattr(fn, "src", None) or ""
+    return hashlib.sha256(f"{triton.__version__}\0{fn.__name__}\0{src}".encode()).hexdigest()
+
+
+def compile_kernel(
+    fn: Any,
+    *,
+    signature: dict[str, str],
+    constants: dict[str, Any],
+    arch: str,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> KernelImage:
+    """Compile `fn` (a `@triton.jit` function) for `arch` with every argument typed or fixed.
+
+    `signature` maps each runtime argument to its Triton type (`"*bf16"`, `"i32"`, ...);
+    `constants` gives every `tl.constexpr` argument. Pointers are assumed 16-byte aligned.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    names = list(fn.arg_names)
+    missing = [n for n in names if n not in signature and n not in constants]
+    extra = [n for n in [*signature, *constants] if n not in names]
+    if missing or extra:
+        raise ToolchainError(
+            f"{fn.__name__}: arguments without a type or constant {missing}, unknown names {extra}"
+        )
+    capability = _arch_capability(arch)
+    key_data = json.dumps(
+        [_source_key(fn), signature, {k: repr(v) for k, v in constants.items()}, arch, num_warps,
+         num_stages], sort_keys=True,
+    )
+    key = hashlib.sha256(key_data.encode()).hexdigest()[:24]
+    cache = kernel_cache_dir() / arch / f"triton-{fn.__name__}-{key}"
+    meta_path, cubin_path = cache.with_suffix(".json"), cache.with_suffix(".cubin")
+    fatbin_path = cache.with_suffix(".fatbin")
+    if meta_path.exists() and cubin_path.exists() and fatbin_path.exists():
+        meta = json.loads(meta_path.read_text())
+        return KernelImage(meta["name"], cubin_path.read_bytes(), fatbin_path.read_bytes(),
+                           meta["shared"], meta["num_warps"])
+
+    full_sig = {n: ("constexpr" if n in constants else signature[n]) for n in names}
+    attrs = {
+        (i,): [["tt.divisibility", POINTER_ALIGN]]
+        for i, n in enumerate(names)
+        if n in signature and signature[n].startswith("*")
+    }
+    src = triton.compiler.ASTSource(fn=fn, signature=full_sig, constexprs=dict(constants), attrs=attrs)
+    target = GPUTarget("cuda", capability, 32)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    try:
+        compiled = triton.compile(src, target=target,
+                                  options={"num_warps": num_warps, "num_stages": num_stages})
+    except Exception as err:  # Triton raises many kinds; name the kernel and the arch
+        raise ToolchainError(f"Triton failed to compile {fn.__name__} for {arch}: {err}") from err
+    meta = compiled.metadata
+    if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
+        raise ToolchainError(f"{fn.__name__}: kernels that need Triton's global scratch are not supported")
+    if tuple(getattr(meta, "cluster_dims", (1, 1, 1)) or (1, 1, 1)) not in ((1, 1, 1), (1,), ()):
+        raise ToolchainError(f"{fn.__name__}: thread-block clusters are not supported")
+    cubin = bytes(compiled.asm["cubin"])
+    image = KernelImage(meta.name, cubin, wrap_fatbin(cubin, arch), int(meta.shared), int(meta.num_warps))
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cubin_path.write_bytes(image.cubin)
+    fatbin_path.write_bytes(image.fatbin)
+    meta_path.write_text(json.dumps({"name": image.name, "shared": image.shared,
+                                     "num_warps": image.num_warps}))
+    return image
+
+
+def fatbinary_path() -> str:
+    """The toolkit's `fatbinary` (beside nvcc, else on PATH)."""
+    beside = Path(nvcc_path()).with_name("fatbinary")
+    path = str(beside) if beside.exists() else shutil.which("fatbinary")
+    if path is None:
+        raise ToolchainError("fatbinary is not found: CUDA targets need the CUDA toolkit's fatbinary")
+    return path
+
+
+def wrap_fatbin(cubin: bytes, arch: str) -> bytes:
+    """`cubin` as a one-image fatbin tagged with `arch` (e.g. `sm_90a`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "k.cubin", Path(tmp) / "k.fatbin"
+        src.write_bytes(cubin)
+        sm = arch.removeprefix("sm_")
+        proc = subprocess.run([fatbinary_path(), "-64", f"--create={out}",
+                               f"--image3=kind=elf,sm={sm},file={src}"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ToolchainError(f"fatbinary failed for {arch}: {proc.stderr[-2000:]}")
+        return out.read_bytes()
+
+
+def cubin_arch(cubin: bytes) -> int:
+    """The SM number an ELF cubin is built for (e_flags' arch field), for checks in tests."""
+    if cubin[:4] != b"\x7fELF":
+        raise ValueError("not an ELF cubin")
+    flags = int.from_bytes(cubin[48:52], "little")
+    # CUDA >= 12.x cubins (ELF ABI v8) keep the SM number in bits 8..15 of e_flags
+    return (flags >> 8) & 0xFF
+
+
+def cache_root() -> Path:
+    """Where compiled Triton images live (inside the kernel cache)."""
+    return kernel_cache_dir()
+
+
+def interpreted(fn: Any) -> Any:
+    """The same `@triton.jit` kernel run by Triton's CPU interpreter (torch CPU tensors).
+
+    How the kernels are unit-tested on machines without a GPU: launch it as `k[grid](...)`.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return InterpretedFunction(fn.fn)

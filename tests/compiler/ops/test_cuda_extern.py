@@ -1,0 +1,124 @@
+"""Triton kernels compiled ahead of time and launched from a package (`ops/triton_aot.py`,
+`ops/cuda_extern.py`, `ops/cuda_driver.h`).
+
+Structural (no GPU here): the image holds SASS for exactly the arch asked for, wrapped in a
+fatbin the library checks understand; numerics of a kernel are checked with Triton's
+interpreter; a Relax module calling an extern exports as one library whose AOT check passes
+and which carries the launcher symbol.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_compiler.codegen.fatbin import parse_fatbin
+
+from ..codegen.conftest import require_tool
+from ..conftest import _op_module
+
+triton = pytest.importorskip("triton")
+tl = triton.language
+
+
+@triton.jit
+def _scale_kernel(x, y, n, factor, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    v = tl.load(x + i, mask=mask).to(tl.float32)
+    tl.store(y + i, (v * factor).to(y.dtype.element_ty), mask=mask)
+
+
+SIGNATURE = {"x": "*bf16", "y": "*bf16", "n": "i32", "factor": "fp32"}
+LAUNCHER = r"""
+#include "ninfer_cuda.h"
+namespace {
+void scale(tvm::ffi::TensorView x, double factor, tvm::ffi::TensorView y) {
+  uint64_t xp = ninfer_cuda::pointer(x, "x"), yp = ninfer_cuda::pointer(y, "y");
+  int32_t n = static_cast<int32_t>(x.numel());
+  float f = static_cast<float>(factor);
+  ninfer_cuda::launch("_scale_kernel", (n + 127) / 128, 1, 1, {&xp, &yp, &n, &f}, x.device().device_id);
+}
+}  // namespace
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_test_scale, scale);
+"""
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a", "sm_121a"])
+def test_compile_kernel_gives_sass_for_exactly_the_arch(arch):
+    from ninfer_compiler.ops.triton_aot import compile_kernel, cubin_arch
+
+    require_tool("nvcc", "the CUDA toolkit wraps cubins into fatbins")
+    img = compile_kernel(_scale_kernel, signature=SIGNATURE, constants={"BLOCK": 128}, arch=arch)
+    assert img.name == "_scale_kernel" and img.threads == 128
+    assert cubin_arch(img.cubin) == int(arch[3:-1])
+    entries, _ = parse_fatbin(img.fatbin, 0)
+    assert [(e.kind, e.arch) for e in entries] == [("elf", arch)]
+    again = compile_kernel(_scale_kernel, signature=SIGNATURE, constants={"BLOCK": 128}, arch=arch)
+    assert again == img  # served from the cache, same bytes
+
+
+def test_compile_kernel_names_untyped_arguments():
+    from ninfer_compiler.codegen.toolchain import ToolchainError
+    from ninfer_compiler.ops.triton_aot import compile_kernel
+
+    with pytest.raises(ToolchainError, match="factor"):
+        compile_kernel(_scale_kernel, signature={"x": "*bf16", "y": "*bf16", "n": "i32"},
+                       constants={"BLOCK": 128}, arch="sm_90a")
+
+
+def test_image_table_rejects_duplicate_names():
+    from ninfer_compiler.ops.cuda_extern import image_table
+    from ninfer_compiler.ops.triton_aot import KernelImage
+
+    img = KernelImage("k", b"\0", b"\0", 0, 4)
+    with pytest.raises(ValueError, match="duplicate"):
+        image_table([img, img])
+
+
+def test_extern_library_passes_the_aot_check(tmp_path):
+    from tvm.relax.frontend import nn
+
+    from ninfer_compiler.build import compile_module, export_module
+    from ninfer_compiler.codegen.export import export_library
+    from ninfer_compiler.codegen.fatbin import inspect_library
+    from ninfer_compiler.codegen.targets import tvm_target
+    from ninfer_compiler.codegen.toolchain import cuda_build
+    from ninfer_compiler.ops.cuda_extern import current_arch, extern
+    from ninfer_compiler.ops.triton_aot import compile_kernel
+    from ninfer_runtime import targets
+
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+
+    def scale(x: nn.Tensor) -> nn.Tensor:
+        img = compile_kernel(_scale_kernel, signature=SIGNATURE, constants={"BLOCK": 128},
+                             arch=current_arch())
+        mod = extern("test_scale", {"ninfer_test_scale": lambda x, f: nn.Tensor.placeholder(x.shape, x.dtype)},
+                     LAUNCHER, [img])
+        return mod["ninfer_test_scale"](x, 2.0)
+
+    target = targets.load("h200")
+    ttarget = tvm_target(target)
+    with ttarget:
+        mod, _ = export_module(_op_module(scale, {"x": ([4, 1000], "bfloat16")}), {})
+    assert "ninfer_test_scale" in mod.script()
+    with cuda_build(ttarget):
+        exe = compile_module(mod, ttarget)
+    lib = export_library(exe, tmp_path / "model.so", target)
+    code = inspect_library(lib)
+    assert code.problems("sm_90a") == []
+    assert code.sass_archs == {"sm_90a"} and not code.ptx_archs
+    assert b"ninfer_test_scale" in lib.read_bytes() and b"_scale_kernel" in lib.read_bytes()
+
+
+def test_interpreter_runs_the_kernel(monkeypatch):
+    """Triton's CPU interpreter runs the same kernel source (how kernels are unit-tested here)."""
+    torch = pytest.importorskip("torch")
+    from ninfer_compiler.ops.triton_aot import interpreted
+
+    rng = np.random.default_rng(0)
+    x = torch.tensor(rng.standard_normal(300), dtype=torch.bfloat16)
+    y = torch.full((300,), float("nan"), dtype=torch.float32)  # the interpreter truncates to bf16
+    kernel = interpreted(_scale_kernel)
+    kernel[(3,)](x, y, 300, 2.5, BLOCK=128)
+    np.testing.assert_array_equal(y.numpy(), x.float().numpy() * np.float32(2.5))
