@@ -42,7 +42,7 @@ def test_conv_carries_history_across_calls(op_compiler):
     state = rng.standard_normal((2, 5, K - 1, C)).astype("float32")
     slots = np.array([3, 1], "int32")
     lens = np.array([0, 9], "int32")
-    for n in (7, 1, 2, 1):  # a prefill chunk, then steps shorter than the history
+    for n in (7, 1, 2, 1, 150):  # a prefill chunk, steps shorter than the history, several GPU tiles
         x = rng.standard_normal((2, n, C)).astype("float32")
         (y, _), after = run(x, w, state, slots, lens)
         ref_y, ref_state = reference(x, w, state, slots, lens, 1)
