@@ -7,7 +7,7 @@
 // kernels and captured into decode's CUDA graph; nothing here synchronises with the host.
 //
 // The build (ops/cuda_extern.py) prepends this header and a table of the embedded images:
-//   ninfer_cuda::images(&count) -> {{name, data, shared, threads}, ...}
+//   ninfer_cuda::images(&count) -> {{key, symbol, data, shared, threads}, ...}
 // and then the extern's own launcher source.
 #include <dlfcn.h>
 #include <stdint.h>
@@ -31,10 +31,11 @@ typedef void* CUfunction;
 typedef void* CUcontext;
 typedef void* CUstream;
 
-// One embedded kernel image: entry symbol, bytes (cubin or fatbin), dynamic shared memory and
-// threads per block to launch it with.
+// One embedded kernel image: the key launches name it by, its entry symbol, bytes (cubin or
+// fatbin), dynamic shared memory and threads per block to launch it with.
 struct Image {
-  const char* name;
+  const char* key;
+  const char* symbol;
   const unsigned char* data;
   unsigned shared;
   unsigned threads;
@@ -98,7 +99,7 @@ inline const Kernel& kernel(const char* name) {
   const Image* imgs = images(&count);
   int index = -1;
   for (int i = 0; i < count; ++i)
-    if (std::strcmp(imgs[i].name, name) == 0) index = i;
+    if (std::strcmp(imgs[i].key, name) == 0) index = i;
   TVM_FFI_ICHECK(index >= 0) << "ninfer_cuda: no kernel image named " << name;
   const Driver& d = driver();
   CUcontext ctx = nullptr;
@@ -119,7 +120,7 @@ inline const Kernel& kernel(const char* name) {
     CUresult rc = d.module_load_data(&mod, img.data);
     TVM_FFI_ICHECK(rc == 0) << "ninfer_cuda: cuModuleLoadData failed with " << rc << " for " << name;
     CUfunction fn = nullptr;
-    rc = d.module_get_function(&fn, mod, img.name);
+    rc = d.module_get_function(&fn, mod, img.symbol);
     TVM_FFI_ICHECK(rc == 0) << "ninfer_cuda: no function " << name << " in its image (" << rc << ")";
     if (img.shared > 48 * 1024) {
       rc = d.func_set_attribute(fn, kMaxDynamicSharedAttr, static_cast<int>(img.shared));

@@ -33,30 +33,41 @@ class Image(Protocol):
     def fatbin(self) -> bytes: ...
 
 
-def image_table(images: Sequence[Image]) -> str:
-    """C++ for the images as byte arrays and `ninfer_cuda::images()` over them."""
-    names = [img.name for img in images]
-    if len(set(names)) != len(names):
-        raise ValueError(f"duplicate kernel names in one extern: {names}")
+def _keyed(images: Sequence[Image] | dict[str, Image]) -> list[tuple[str, Image]]:
+    if isinstance(images, dict):
+        return list(images.items())
+    return [(img.name, img) for img in images]
+
+
+def image_table(images: Sequence[Image] | dict[str, Image]) -> str:
+    """C++ for the images as byte arrays and `ninfer_cuda::images()` over them.
+
+    A list is looked up by each image's entry name; a dict by its keys (one kernel compiled in
+    several variants has one entry name, so its variants need keys of their own).
+    """
+    keyed = _keyed(images)
+    keys = [k for k, _ in keyed]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"duplicate kernel names in one extern: {keys}")
     parts = ["namespace {"]
-    for i, img in enumerate(images):
+    for i, (_, img) in enumerate(keyed):
         body = ",".join(str(b) for b in img.fatbin)
         parts.append(f"alignas(64) const unsigned char kImage{i}[{len(img.fatbin)}] = {{{body}}};")
     rows = ",\n".join(
-        f'    {{"{img.name}", kImage{i}, {int(img.shared)}u, {int(img.threads)}u}}'
-        for i, img in enumerate(images)
+        f'    {{"{key}", "{img.name}", kImage{i}, {int(img.shared)}u, {int(img.threads)}u}}'
+        for i, (key, img) in enumerate(keyed)
     )
     parts.append("namespace ninfer_cuda {")
-    parts.append(f"const Image kImages[] = {{\n{rows}\n}};" if images else "const Image* kImages = nullptr;")
+    parts.append(f"const Image kImages[] = {{\n{rows}\n}};" if keyed else "const Image* kImages = nullptr;")
     parts.append(
-        f"const Image* images(int* count) {{ *count = {len(images)}; return kImages; }}"
+        f"const Image* images(int* count) {{ *count = {len(keyed)}; return kImages; }}"
     )
     parts.append("}  // namespace ninfer_cuda")
     parts.append("}  // namespace")
     return "\n".join(parts) + "\n"
 
 
-def host_source(launcher: str, images: Sequence[Image]) -> str:
+def host_source(launcher: str, images: Sequence[Image] | dict[str, Image]) -> str:
     """The whole translation unit: driver header, image table, the extern's launcher."""
     return (HEADER.read_text() + "\n" + image_table(images) + "\n"
             + launcher.replace(INCLUDE_LINE, "// (ninfer_cuda.h is prepended by the build)"))
@@ -66,12 +77,13 @@ def extern(
     key: str,
     functions: dict[str, Callable[..., nn.Tensor]],
     launcher: str,
-    images: Sequence[Image],
+    images: Sequence[Image] | dict[str, Image],
 ) -> nn.SourceModule:
     """The extern module `key` of the current export, built and registered on first use.
 
     `functions` maps each exported symbol to its output-shape inference (called with the op's
     arguments, returns `nn.Tensor.placeholder(...)`). Call the result as `module[symbol](...)`.
+    `images` is a list (launched by entry name) or a dict (launched by key).
     """
     exporter = Exporter.current()
     registered: dict[str, nn.SourceModule] = getattr(exporter, "_ninfer_externs", None) or {}
