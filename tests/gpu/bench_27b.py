@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 STAGE = ROOT / ".cache" / "ninfer" / "perf-27b"
 LIKE, RECIPE, SEED = "qwen3.6-27b", "groupwise-int", 0
-MAX_CONTEXT, PREFILL_CHUNK = 8192, 1024
+MAX_CONTEXT, PREFILL_CHUNK = 65536 + 1024, 8192  # the 7,680- and 65,536-token prompts
 
 
 def prepare(artifact: Path) -> None:
@@ -108,12 +108,20 @@ def run_inner(out: Path) -> int:
     start = time.perf_counter()
     runner = ModelRunner(STAGE / "pkg", artifact=artifact, options=RunnerOptions(max_active=8, context_bytes=24 << 30))
     print(f"loaded in {time.perf_counter() - start:.1f} s", flush=True)
-    report = run_bench(runner, prompt_len=1024, decode_tokens=16, concurrency=[1, 8], repeats=2)
+    report = run_bench(runner, prompt_len=PROMPT_LEN, decode_tokens=32, concurrency=[1, 2, 4, 8], repeats=3)
     results = {"bf16_matmul_tflops": rate, "bench": report.as_json()}
     print(report.table(), flush=True)
+    if LONG_PROMPT:
+        long = run_bench(runner, prompt_len=LONG_PROMPT, decode_tokens=32, concurrency=[], repeats=1, warmup=0)
+        results["long_prompt"] = long.as_json()
+        print(long.table(), flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(f"bf16 matmul (torch, 8192^3): {rate:.0f} TFLOP/s")
     return 0
+
+
+PROMPT_LEN = int(os.environ.get("NINFER_BENCH_PROMPT", "7680"))
+LONG_PROMPT = int(os.environ.get("NINFER_BENCH_LONG_PROMPT", "65536"))  # 0 skips it
 
 
 def main() -> int:
