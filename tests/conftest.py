@@ -7,10 +7,13 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _interpreter_bf16_dot() -> None:
-    """Triton 3.9's interpreter keeps bf16 as raw uint16 and multiplies those integers in
-    `tl.dot`; widen bf16 operands to the float32 they encode first (exact) so bf16 kernels can
-    be checked here."""
+def _interpreter_bf16() -> None:
+    """Make Triton 3.9's interpreter treat bf16 as the GPU does.
+
+    It keeps bf16 as raw uint16 and multiplies those integers in `tl.dot` (we widen bf16
+    operands to the float32 they encode first, exactly), and it truncates float32 -> bf16
+    casts (we round to nearest even, the GPU's `.to(tl.bfloat16)`).
+    """
     try:
         import numpy as np
         import triton.language as tl
@@ -32,5 +35,17 @@ def _interpreter_bf16_dot() -> None:
 
     interpreter.InterpreterBuilder.create_dot = create_dot
 
+    original_cast = interpreter.InterpreterBuilder.cast_impl
 
-_interpreter_bf16_dot()
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32).astype(np.uint64)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            return interpreter.TensorHandle(rounded, dst_type.scalar)
+        return original_cast(self, src, dst_type)
+
+    interpreter.InterpreterBuilder.cast_impl = cast_impl
+    interpreter.InterpreterBuilder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)
+
+
+_interpreter_bf16()

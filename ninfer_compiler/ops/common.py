@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 
@@ -32,6 +33,31 @@ def kernel_flavor() -> str:
         return forced
     target = tvm.target.Target.current(allow_none=True)
     return "gpu" if target is not None and target.kind.name == "cuda" else "cpu"
+
+
+_REFERENCE_KERNELS: ContextVar[bool] = ContextVar("ninfer_reference_kernels", default=False)
+
+
+def tuned_cuda_kernels() -> bool:
+    """Whether ops on a CUDA target use the tuned extern kernels (Triton and CUDA C++ images).
+
+    Off under `reference_kernels()` or `NINFER_REFERENCE_KERNELS=1`: every op then emits its
+    thread-bound TIR kernel, the simple form that GPU checks compare the tuned package with.
+    """
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None or target.kind.name != "cuda":
+        return False
+    return not (_REFERENCE_KERNELS.get() or os.environ.get("NINFER_REFERENCE_KERNELS") == "1")
+
+
+@contextlib.contextmanager
+def reference_kernels() -> Iterator[None]:
+    """Export with the TIR reference kernels only (see `tuned_cuda_kernels`)."""
+    token = _REFERENCE_KERNELS.set(True)
+    try:
+        yield
+    finally:
+        _REFERENCE_KERNELS.reset(token)
 
 
 @contextlib.contextmanager

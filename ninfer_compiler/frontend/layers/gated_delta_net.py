@@ -12,6 +12,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 from ...ops.conv1d import causal_conv1d_with_state
+from ...ops import gdn_decode_fused
 from ...ops.gated_delta_rule import gated_delta_rule
 from ...ops.gdn_gates import gdn_gates
 from ...ops.norm import l2_norm
@@ -71,6 +72,14 @@ class GatedDeltaNet(nn.Module):
         mixed, conv_state = causal_conv1d_with_state(
             mixed, self.convolution, conv_state, slot_ids, seq_lens, layer
         )
+        if gdn_decode_fused.supported(mixed, gdn_state, self.dk, self.dv):
+            # decode on CUDA: gates, norms, the rule and the gated norm in one kernel
+            o, gdn_state = gdn_decode_fused.gdn_decode_fused(
+                mixed, self.a_projection(h), self.b_projection(h), self.a_log, self.dt_bias,
+                self.z(h), self.norm.weight, gdn_state, slot_ids, seq_lens, layer, self.norm.eps,
+                self.hk, self.hv, self.dk, self.dv,
+            )
+            return self.output(o), gdn_state, conv_state
         key_width = self.hk * self.dk
         q, k, v = op.split(mixed, [key_width, 2 * key_width], axis=-1)
         q = l2_norm(op.reshape(q, [b, t, self.hk, self.dk]), scale=self.dk**-0.5)

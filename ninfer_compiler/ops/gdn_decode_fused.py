@@ -1,0 +1,162 @@
+"""One GDN decode step in one kernel on CUDA targets: gates, L2 norms, delta rule, gated RMS norm.
+
+Why: at batch 1 a GDN layer's decode ran seven small kernels between the short convolution and
+the output projection (split, two L2 norms, a cast, the recurrent rule, a cast, the gated norm),
+each a few microseconds of launch and tail for a few KB of work, plus the gate epilogues; 48
+layers per step. Here one program per (sequence, value head) reads the post-convolution row,
+its two gate pre-activations and `z`, updates that head's fp32 state in place and writes the
+normalised, gated output, rounding where the unfused ops round (HF's order).
+
+Semantics (see ops/gated_delta_rule.py, ops/gdn_gates.py, ops/norm.py):
+    q, k = l2norm(q) * dk^-0.5, l2norm(k);  g = -exp(a_log) * softplus(a + dt_bias);
+    beta = bf16(sigmoid(b));  S <- exp(g) S;  u = beta (v - S^T k);  S <- S + k u^T;
+    o = bf16(S^T q);  out = bf16(bf16(o * rsqrt(mean(o^2) + eps)) * w * silu(z)).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+import tvm
+from tvm import relax
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import op
+
+from .common import tuned_cuda_kernels
+from .cuda_extern import current_arch, extern
+from .gdn_gates import SOFTPLUS_THRESHOLD
+from .triton_aot import KernelImage, compile_kernel
+
+SYMBOL = "ninfer_gdn_decode"
+L2_EPS = 1e-6
+
+
+@triton.jit
+def gdn_decode_kernel(mixed, a_in, b_in, a_log, dt_bias, z, norm_w, state, slots, lens, out,
+                      layer, num_slots, eps,
+                      HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                      Q_SCALE: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_T: tl.constexpr):
+    """Program (b, j): value head j of sequence b; state slice [DK, DV] in registers."""
+    b = tl.program_id(0)
+    j = tl.program_id(1)
+    C: tl.constexpr = 2 * HK * DK + HV * DV
+    kh = j // (HV // HK)
+    rk = tl.arange(0, DK)
+    rv = tl.arange(0, DV)
+    row = mixed + b.to(tl.int64) * C
+    qr = tl.load(row + kh * DK + rk).to(tl.float32)
+    kr = tl.load(row + HK * DK + kh * DK + rk).to(tl.float32)
+    v = tl.load(row + 2 * HK * DK + j * DV + rv).to(tl.float32)
+    q = qr * tl.math.rsqrt(tl.sum(qr * qr, 0) + L2_EPS) * Q_SCALE
+    k = kr * tl.math.rsqrt(tl.sum(kr * kr, 0) + L2_EPS)
+
+    x = tl.load(a_in + b * HV + j).to(tl.float32) + tl.load(dt_bias + j).to(tl.float32)
+    soft = tl.where(x > SOFTPLUS_T, x, tl.log(1.0 + tl.exp(x)))
+    g = -tl.exp(tl.load(a_log + j).to(tl.float32)) * soft
+    bv = tl.load(b_in + b * HV + j).to(tl.float32)
+    beta = (1.0 / (1.0 + tl.exp(-bv))).to(tl.bfloat16).to(tl.float32)
+
+    slot = tl.load(slots + b).to(tl.int64)
+    fresh = tl.load(lens + b) == 0
+    base = ((layer.to(tl.int64) * num_slots + slot) * HV + j) * (DK * DV)
+    s_ptr = state + base + rk[:, None] * DV + rv[None, :]
+    s = tl.load(s_ptr)
+    s = tl.where(fresh, 0.0, s) * tl.exp(g)
+    ks = tl.sum(s * k[:, None], 0)
+    u = beta * (v - ks)
+    s = s + k[:, None] * u[None, :]
+    o = tl.sum(s * q[:, None], 0)
+    tl.store(s_ptr, s)
+
+    ob = o.to(tl.bfloat16).to(tl.float32)
+    inv = tl.math.rsqrt(tl.sum(ob * ob, 0) / DV + eps)
+    normed = (ob * inv).to(tl.bfloat16).to(tl.float32)
+    zf = tl.load(z + (b * HV + j).to(tl.int64) * DV + rv).to(tl.float32)
+    w = tl.load(norm_w + rv).to(tl.float32)
+    res = normed * w * zf * (1.0 / (1.0 + tl.exp(-zf)))
+    tl.store(out + (b * HV + j).to(tl.int64) * DV + rv, res.to(tl.bfloat16))
+
+
+def image(hk: int, hv: int, dk: int, dv: int, w_dtype: str, gate_param_dtype: str, arch: str) -> KernelImage:
+    """The kernel for one model's head geometry and parameter dtypes."""
+    wt = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+    return compile_kernel(
+        gdn_decode_kernel,
+        signature={"mixed": "*bf16", "a_in": "*bf16", "b_in": "*bf16", "a_log": f"*{wt[gate_param_dtype]}",
+                   "dt_bias": f"*{wt[gate_param_dtype]}", "z": "*bf16", "norm_w": f"*{wt[w_dtype]}",
+                   "state": "*fp32", "slots": "*i32", "lens": "*i32", "out": "*bf16", "layer": "i32",
+                   "num_slots": "i32", "eps": "fp32"},
+        constants={"HK": hk, "HV": hv, "DK": dk, "DV": dv, "Q_SCALE": dk**-0.5, "L2_EPS": L2_EPS,
+                   "SOFTPLUS_T": SOFTPLUS_THRESHOLD},
+        arch=arch, num_warps=8, num_stages=1,
+    )
+
+
+LAUNCHER = r"""
+#include "ninfer_cuda.h"
+namespace {
+using tvm::ffi::TensorView;
+// In place: `state` and `out` are both written (the call is call_inplace_packed over them).
+void gdn_decode(TensorView mixed, TensorView a, TensorView b, TensorView a_log, TensorView dt_bias,
+                TensorView z, TensorView norm_w, TensorView state, TensorView slots, TensorView lens,
+                int64_t layer, double eps, TensorView out) {
+  const int64_t batch = mixed.shape()[0];
+  TVM_FFI_ICHECK(state.ndim() == 5 && state.shape()[2] == HV_ && state.shape()[3] == DK_ && state.shape()[4] == DV_)
+      << "ninfer_gdn_decode: state shape";
+  TVM_FFI_ICHECK(out.numel() == batch * HV_ * DV_ && z.numel() == batch * HV_ * DV_) << "ninfer_gdn_decode: shapes";
+  uint64_t p[11] = {ninfer_cuda::pointer(mixed, "mixed"), reinterpret_cast<uint64_t>(ninfer_cuda::address(a)),
+                    reinterpret_cast<uint64_t>(ninfer_cuda::address(b)), reinterpret_cast<uint64_t>(ninfer_cuda::address(a_log)),
+                    reinterpret_cast<uint64_t>(ninfer_cuda::address(dt_bias)), ninfer_cuda::pointer(z, "z"),
+                    ninfer_cuda::pointer(norm_w, "norm_w"), ninfer_cuda::pointer(state, "state"),
+                    reinterpret_cast<uint64_t>(ninfer_cuda::address(slots)),
+                    reinterpret_cast<uint64_t>(ninfer_cuda::address(lens)), ninfer_cuda::pointer(out, "out")};
+  int32_t layer32 = static_cast<int32_t>(layer), num_slots = static_cast<int32_t>(state.shape()[1]);
+  float eps32 = static_cast<float>(eps);
+  ninfer_cuda::launch(KERNEL_, static_cast<unsigned>(batch), HV_, 1,
+                      {&p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8], &p[9], &p[10],
+                       &layer32, &num_slots, &eps32},
+                      mixed.device().device_id);
+}
+}  // namespace
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(SYMBOL_, gdn_decode);
+"""
+
+
+def supported(mixed: nn.Tensor, gdn_state: nn.Tensor, dk: int, dv: int) -> bool:
+    """Tuned CUDA kernels on, one token per sequence (static), bf16 activations, dims the kernel tiles."""
+    if not tuned_cuda_kernels():
+        return False
+    t = mixed.shape[1]
+    pow2 = dk & (dk - 1) == 0 and dv & (dv - 1) == 0
+    return (isinstance(t, int) and t == 1 and str(mixed.dtype) == "bfloat16"
+            and str(gdn_state.dtype) == "float32" and pow2 and 16 <= dk <= 256 and 16 <= dv <= 256)
+
+
+def gdn_decode_fused(
+    mixed: nn.Tensor, a: nn.Tensor, b: nn.Tensor, a_log: nn.Tensor, dt_bias: nn.Tensor, z: nn.Tensor,
+    norm_w: nn.Tensor, gdn_state: nn.Tensor, slot_ids: nn.Tensor, seq_lens: nn.Tensor, layer: int,
+    eps: float, hk: int, hv: int, dk: int, dv: int,
+) -> tuple[nn.Tensor, nn.Tensor]:
+    """`(out [B, 1, Hv*dv] bf16, gdn_state)` for post-conv `mixed [B, 1, 2*Hk*dk + Hv*dv]`."""
+    arch = current_arch()
+    img = image(hk, hv, dk, dv, str(norm_w.dtype), str(a_log.dtype), arch)
+    key = f"gdn_decode_{hk}_{hv}_{dk}_{dv}_{norm_w.dtype}_{a_log.dtype}"
+    symbol = f"{SYMBOL}_{hk}_{hv}_{dk}_{dv}"
+    launcher = (LAUNCHER.replace("HV_", str(hv)).replace("DK_", str(dk)).replace("DV_", str(dv))
+                .replace("KERNEL_", f'"{img.name}"').replace("SYMBOL_", symbol))
+    # registers the launcher library with the export (the call itself is emitted below)
+    extern(key, {symbol: lambda *args: args[-1]}, launcher, [img])
+    bsz = mixed.shape[0]
+    out = op.empty([bsz, 1, hv * dv], "bfloat16", name="gdn_decode_out")
+    args = [mixed, a, b, a_log, dt_bias, z, norm_w, gdn_state, slot_ids, seq_lens]
+    call = relax.op.call_inplace_packed(
+        relax.ExternFunc(symbol),
+        *[t._expr for t in args],  # noqa: SLF001 (nn.Tensor's Relax expression)
+        relax.prim_value(tvm.tirx.IntImm("int64", layer)),
+        relax.prim_value(tvm.tirx.FloatImm("float64", eps)),
+        out._expr,  # noqa: SLF001
+        inplace_indices=[12, 7],
+        ty_args=[out._expr.ty, gdn_state._expr.ty],  # noqa: SLF001
+    )
+    result = op.wrap_nested(call, name="gdn_decode")
+    return result[0], result[1]

@@ -1,0 +1,152 @@
+"""The fused GDN decode step (`ops/gdn_decode_fused.py`): Triton's interpreter against a numpy
+float64 composition of the unfused ops, and an h200 library whose decode graph captures it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ..codegen.conftest import require_tool, tiny_artifact  # noqa: F401 (fixture)
+from ..conftest import _op_module
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+HK, HV, DK, DV = 2, 4, 16, 32
+C = 2 * HK * DK + HV * DV
+EPS = 1e-6
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    return torch.tensor(x, dtype=torch.float32).bfloat16().float().numpy().astype(np.float64)
+
+
+def reference(mixed, a, b, a_log, dt_bias, z, w, state, slots, lens, layer):
+    state = state.copy()
+    out = np.zeros((mixed.shape[0], HV * DV))
+    for s in range(mixed.shape[0]):
+        row = mixed[s]
+        for j in range(HV):
+            kh = j // (HV // HK)
+            q = row[kh * DK:(kh + 1) * DK]
+            k = row[HK * DK + kh * DK:HK * DK + (kh + 1) * DK]
+            v = row[2 * HK * DK + j * DV:2 * HK * DK + (j + 1) * DV]
+            q = q / np.sqrt((q * q).sum() + EPS) * DK**-0.5
+            k = k / np.sqrt((k * k).sum() + EPS)
+            x = a[s, j] + dt_bias[j]
+            g = -np.exp(a_log[j]) * (x if x > 20 else np.log1p(np.exp(x)))
+            beta = bf16(np.array(1 / (1 + np.exp(-b[s, j]))))
+            st = state[layer, slots[s], j] if lens[s] > 0 else np.zeros((DK, DV))
+            st = st * np.exp(g)
+            u = beta * (v - st.T @ k)
+            st = st + np.outer(k, u)
+            o = bf16(st.T @ q)
+            state[layer, slots[s], j] = st
+            normed = bf16(o / np.sqrt((o * o).mean() + 1e-5))
+            zz = z[s, j * DV:(j + 1) * DV]
+            out[s, j * DV:(j + 1) * DV] = normed * w * zz / (1 + np.exp(-zz))
+    return out, state
+
+
+def test_interpreter_matches_the_unfused_math():
+    from ninfer_compiler.ops.gdn_decode_fused import L2_EPS, gdn_decode_kernel
+    from ninfer_compiler.ops.gdn_gates import SOFTPLUS_THRESHOLD
+    from ninfer_compiler.ops.triton_aot import interpreted
+
+    rng = np.random.default_rng(1)
+    B, L, S = 3, 2, 5
+    t = lambda x, dt=torch.bfloat16: torch.tensor(np.asarray(x), dtype=dt)  # noqa: E731
+    mixed = t(rng.standard_normal((B, C)))
+    a, b = t(rng.standard_normal((B, HV))), t(rng.standard_normal((B, HV)))
+    a_log, dt_bias = t(rng.standard_normal(HV) * 0.5, torch.float32), t(rng.standard_normal(HV), torch.float32)
+    z = t(rng.standard_normal((B, HV * DV)))
+    w = t(rng.standard_normal(DV), torch.float32)
+    state = t(rng.standard_normal((L, S, HV, DK, DV)), torch.float32)
+    slots, lens = t([4, 0, 2], torch.int32), t([7, 3, 0], torch.int32)  # the third starts fresh
+    out = torch.full((B, HV * DV), float("nan"), dtype=torch.float32)  # fp32: the interpreter truncates bf16
+    st = state.clone()
+    interpreted(gdn_decode_kernel)[(B, HV)](
+        mixed, a, b, a_log, dt_bias, z, w, st, slots, lens, out, 1, S, 1e-5,
+        HK=HK, HV=HV, DK=DK, DV=DV, Q_SCALE=DK**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD)
+    f64 = lambda x: x.double().numpy()  # noqa: E732
+    ref_out, ref_state = reference(f64(mixed), f64(a), f64(b), f64(a_log), f64(dt_bias), f64(z), f64(w),
+                                   f64(state), slots.numpy(), lens.numpy(), 1)
+    np.testing.assert_allclose(st.double().numpy(), ref_state, rtol=1e-4, atol=1e-5)
+    # bf16 roundings inside (o, normed) can flip one ulp between float32 and float64 paths
+    np.testing.assert_allclose(out.double().numpy(), ref_out, rtol=2e-2, atol=2e-2)
+    np.testing.assert_array_equal(st[0].numpy(), state[0].numpy())  # other layers untouched
+
+
+def test_h200_library_and_decode_graph(tmp_path):
+    import tvm
+    from tvm.relax.frontend import nn
+
+    from ninfer_compiler.build import compile_module, export_module
+    from ninfer_compiler.codegen.export import export_library
+    from ninfer_compiler.codegen.fatbin import inspect_library
+    from ninfer_compiler.codegen.targets import tvm_target
+    from ninfer_compiler.codegen.toolchain import cuda_build
+    from ninfer_compiler.ops import gdn_decode_fused as fused
+    from ninfer_compiler.passes.pipeline import relax_pipeline
+    from ninfer_runtime import targets
+
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    target = targets.load("h200")
+    ttarget = tvm_target(target)
+
+    def main(mixed, a, b, a_log, dt_bias, z, w, state, slots, lens):
+        assert fused.supported(mixed, state, DK, DV)
+        out, state = fused.gdn_decode_fused(mixed, a, b, a_log, dt_bias, z, w, state, slots, lens, 1, 1e-5,
+                                            HK, HV, DK, DV)
+        return out, state
+
+    inputs = {"mixed": (["b", 1, C], "bfloat16"), "a": (["b", 1, HV], "bfloat16"), "b": (["b", 1, HV], "bfloat16"),
+              "a_log": ([HV], "float32"), "dt_bias": ([HV], "float32"), "z": (["b", 1, HV * DV], "bfloat16"),
+              "w": ([DV], "float32"), "state": ([2, "s", HV, DK, DV], "float32"), "slots": (["b"], "int32"),
+              "lens": (["b"], "int32")}
+    with ttarget:
+        mod, _ = export_module(_op_module(main, inputs), {})
+    text = mod.script()
+    assert "call_inplace_packed" in text and "ninfer_gdn_decode" in text
+    with cuda_build(ttarget):
+        exe = compile_module(mod, ttarget)
+    lib = export_library(exe, tmp_path / "model.so", target)
+    code = inspect_library(lib)
+    assert code.problems("sm_90a") == [] and code.sass_archs == {"sm_90a"}
+    assert b"ninfer_gdn_decode" in lib.read_bytes()
+    del nn, tvm, relax_pipeline
+
+
+def test_model_decode_graph_captures_the_fused_step(tiny_artifact):
+    """In a whole Qwen3.5 h200 export, decode's CUDA graph holds the fused GDN step, prefill
+    keeps the unfused ops, and reference-kernel exports do not use it."""
+    import tvm
+
+    from ninfer_compiler.build import export_module
+    from ninfer_compiler.codegen.graphs import add_graph_variants
+    from ninfer_compiler.codegen.targets import tvm_target
+    from ninfer_compiler.codegen.toolchain import cuda_build
+    from ninfer_compiler.frontend.options import ModelOptions
+    from ninfer_compiler.frontend.qwen3_5 import binding
+    from ninfer_compiler.frontend.qwen3_5.model import Qwen35ForCausalLM
+    from ninfer_compiler.ops.common import reference_kernels
+    from ninfer_compiler.passes.pipeline import relax_pipeline
+    from ninfer_runtime import targets
+    from ninfer_runtime.artifact import Artifact
+
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    target = targets.load("h200")
+    ttarget = tvm_target(target)
+    with Artifact(tiny_artifact) as art:
+        cfg, plan = binding.model_config(art), binding.weight_plan(art, target)
+    model = Qwen35ForCausalLM(cfg, ModelOptions(dtype="bfloat16", weights=plan))
+    with ttarget:
+        mod, _ = export_module(model, model.upper_bounds(max_prefill_tokens=128, max_batch=8))
+    mod = add_graph_variants(mod)
+    with cuda_build(ttarget), tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
+        mod = relax_pipeline(ttarget)(mod)
+    assert mod["decode_graph_cuda_graph_capture"].script().count("ninfer_gdn_decode") > 0
+    assert "ninfer_gdn_decode" not in mod["prefill"].script()
+    with ttarget, reference_kernels():
+        ref, _ = export_module(model, model.upper_bounds(max_prefill_tokens=128, max_batch=8))
+    assert "ninfer_gdn_decode" not in ref.script()
