@@ -11,8 +11,8 @@ from __future__ import annotations
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
-from ...ops.conv1d import causal_conv1d_with_state
 from ...ops import gdn_decode_fused
+from ...ops.conv1d import causal_conv1d_with_state
 from ...ops.gated_delta_rule import gated_delta_rule
 from ...ops.gdn_gates import gdn_gates
 from ...ops.norm import l2_norm

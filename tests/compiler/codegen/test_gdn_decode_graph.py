@@ -1,0 +1,40 @@
+"""The fused GDN decode step inside a whole Qwen3.5 h200 export (`ops/gdn_decode_fused.py`)."""
+
+from __future__ import annotations
+
+from .conftest import require_tool
+
+
+def test_model_decode_graph_captures_the_fused_step(tiny_artifact):
+    """In a whole Qwen3.5 h200 export, decode's CUDA graph holds the fused GDN step, prefill
+    keeps the unfused ops, and reference-kernel exports do not use it."""
+    import tvm
+
+    from ninfer_compiler.build import export_module
+    from ninfer_compiler.codegen.graphs import add_graph_variants
+    from ninfer_compiler.codegen.targets import tvm_target
+    from ninfer_compiler.codegen.toolchain import cuda_build
+    from ninfer_compiler.frontend.options import ModelOptions
+    from ninfer_compiler.frontend.qwen3_5 import binding
+    from ninfer_compiler.frontend.qwen3_5.model import Qwen35ForCausalLM
+    from ninfer_compiler.ops.common import reference_kernels
+    from ninfer_compiler.passes.pipeline import relax_pipeline
+    from ninfer_runtime import targets
+    from ninfer_runtime.artifact import Artifact
+
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    target = targets.load("h200")
+    ttarget = tvm_target(target)
+    with Artifact(tiny_artifact) as art:
+        cfg, plan = binding.model_config(art), binding.weight_plan(art, target)
+    model = Qwen35ForCausalLM(cfg, ModelOptions(dtype="bfloat16", weights=plan))
+    with ttarget:
+        mod, _ = export_module(model, model.upper_bounds(max_prefill_tokens=128, max_batch=8))
+    mod = add_graph_variants(mod)
+    with cuda_build(ttarget), tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
+        mod = relax_pipeline(ttarget)(mod)
+    assert mod["decode_graph_cuda_graph_capture"].script().count("ninfer_gdn_decode") > 0
+    assert "ninfer_gdn_decode" not in mod["prefill"].script()
+    with ttarget, reference_kernels():
+        ref, _ = export_module(model, model.upper_bounds(max_prefill_tokens=128, max_batch=8))
+    assert "ninfer_gdn_decode" not in ref.script()
