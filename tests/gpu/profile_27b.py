@@ -43,16 +43,22 @@ METRICS = "gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum"
 CONTEXT_BYTES = 4 << 30
 
 
-def prepare(artifact: Path, name: str) -> None:
+def prepare(artifact: Path, name: str, reference: bool = False) -> None:
+    """A package of the proxy under `name`; `reference` builds it with the TIR reference kernels
+    only (the package the tuned one's logits are compared with)."""
+    import contextlib
+
     from ninfer_compiler.compile import CompileOptions, compile_artifact
     from ninfer_compiler.convert.synth import synthesize
+    from ninfer_compiler.ops.common import reference_kernels
 
     if not artifact.exists():
         synthesize(artifact, LIKE, RECIPE, layers=LAYERS, seed=SEED)
     shutil.rmtree(STAGE / name, ignore_errors=True)
     start = time.perf_counter()
-    compile_artifact(artifact, STAGE / name, CompileOptions(target="h200", max_context=MAX_CONTEXT,
-                                                             prefill_chunk=PREFILL_CHUNK, max_batch=8))
+    with reference_kernels() if reference else contextlib.nullcontext():
+        compile_artifact(artifact, STAGE / name, CompileOptions(target="h200", max_context=MAX_CONTEXT,
+                                                                 prefill_chunk=PREFILL_CHUNK, max_batch=8))
     print(f"compiled {STAGE / name} in {time.perf_counter() - start:.1f} s")
 
 
@@ -358,7 +364,7 @@ def run_outer(out: Path, artifact: Path, full: bool, names: list[str] | None = N
         print(f"27B artifact ready (rc {rc}, waited {time.perf_counter() - start:.1f} s)", flush=True)
         if rc == 0:
             subprocess.run([sys.executable, str(Path(__file__).with_name("bench_27b.py")), "run-inner",
-                            "--out", str(out)], env=env, cwd="/tmp", timeout=420)
+                            "--out", str(out)], env=env, cwd="/tmp", timeout=int(os.environ.get("NINFER_FULL_TIMEOUT", "420")))
     return 0
 
 
@@ -370,12 +376,13 @@ def main() -> int:
     parser.add_argument("--package", type=Path)
     parser.add_argument("--name", default="pkg")
     parser.add_argument("--full", action="store_true", help="run: also bench the 27B package (bench_27b.py)")
+    parser.add_argument("--reference", action="store_true", help="prepare: TIR reference kernels only")
     parser.add_argument("--packages", help="run: comma-separated package names (default: all)")
     parser.add_argument("--dump", default="", help="kernels: comma-separated PrimFuncs whose CUDA to write")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/perf-out")))
     args = parser.parse_args()
     if args.action == "prepare":
-        prepare(args.artifact or Path("/tmp/perf/27b-l4.ninfer"), args.name)
+        prepare(args.artifact or Path("/tmp/perf/27b-l4.ninfer"), args.name, args.reference)
     elif args.action == "run":
         names = args.packages.split(",") if args.packages else None
         return run_outer(args.out, args.artifact or Path("/tmp/perf-27b-l4.ninfer"), args.full, names)
