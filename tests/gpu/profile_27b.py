@@ -297,7 +297,8 @@ def markdown(launches: list[dict], copy_gb_s: float = 4155.0) -> str:
     return "\n".join(lines)
 
 
-def run_outer(out: Path, artifact: Path, full: bool, names: list[str] | None = None) -> int:
+def run_outer(out: Path, artifact: Path, full: bool, names: list[str] | None = None,
+              ncu_names: list[str] | None = None) -> int:
     import numpy as np
 
     out.mkdir(parents=True, exist_ok=True)
@@ -324,15 +325,16 @@ def run_outer(out: Path, artifact: Path, full: bool, names: list[str] | None = N
     ncu = shutil.which("ncu") or next(iter(sorted(Path("/").glob("opt/nvidia/nsight-compute/*/ncu"))),
                                       "/usr/local/cuda/bin/ncu")
     for pkg in packages:
-        start = time.perf_counter()
-        log = out / f"kernels_{pkg.name}.csv"
-        with log.open("w") as fh:  # ncu prints its CSV report on stdout when the program ends
-            proc = subprocess.run([ncu, "--clock-control", "none", "--profile-from-start", "off", "--metrics", METRICS,
-                                   "--csv", "--print-units", "base", sys.executable, me, "step", "--package", str(pkg),
-                                   "--artifact", str(artifact)], env=env, cwd="/tmp", stdout=fh, timeout=240)
-        print(f"ncu {pkg.name}: rc {proc.returncode} in {time.perf_counter() - start:.1f} s", flush=True)
         entry: dict = {}
-        if log.exists():
+        if ncu_names is None or pkg.name in ncu_names:
+            start = time.perf_counter()
+            log = out / f"kernels_{pkg.name}.csv"
+            with log.open("w") as fh:  # ncu prints its CSV report on stdout when the program ends
+                proc = subprocess.run([ncu, "--clock-control", "none", "--profile-from-start", "off", "--metrics",
+                                       METRICS, "--csv", "--print-units", "base", sys.executable, me, "step",
+                                       "--package", str(pkg), "--artifact", str(artifact)],
+                                      env=env, cwd="/tmp", stdout=fh, timeout=240)
+            print(f"ncu {pkg.name}: rc {proc.returncode} in {time.perf_counter() - start:.1f} s", flush=True)
             phases = split_phases(parse_ncu(log.read_text()))
             for phase, launches in phases.items():
                 text, rows = table(launches)
@@ -378,6 +380,7 @@ def main() -> int:
     parser.add_argument("--full", action="store_true", help="run: also bench the 27B package (bench_27b.py)")
     parser.add_argument("--reference", action="store_true", help="prepare: TIR reference kernels only")
     parser.add_argument("--packages", help="run: comma-separated package names (default: all)")
+    parser.add_argument("--ncu", help="run: packages to profile with ncu (default: all of them)")
     parser.add_argument("--dump", default="", help="kernels: comma-separated PrimFuncs whose CUDA to write")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/perf-out")))
     args = parser.parse_args()
@@ -385,7 +388,8 @@ def main() -> int:
         prepare(args.artifact or Path("/tmp/perf/27b-l4.ninfer"), args.name, args.reference)
     elif args.action == "run":
         names = args.packages.split(",") if args.packages else None
-        return run_outer(args.out, args.artifact or Path("/tmp/perf-27b-l4.ninfer"), args.full, names)
+        ncu_names = args.ncu.split(",") if args.ncu else None
+        return run_outer(args.out, args.artifact or Path("/tmp/perf-27b-l4.ninfer"), args.full, names, ncu_names)
     elif args.action == "kernels":
         kernels(args.artifact or Path("/tmp/perf/27b-l4.ninfer"), [d for d in args.dump.split(",") if d], args.out)
     elif args.action == "report":  # markdown tables scaled to the 64-layer model
