@@ -23,7 +23,15 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 from tvm.script import tirx as T
 
-from .common import SCHEDULED_ATTRS, dtype_tag, i32, kernel_flavor, placeholder_like
+from . import attention_decode
+from .common import (
+    SCHEDULED_ATTRS,
+    dtype_tag,
+    i32,
+    kernel_flavor,
+    placeholder_like,
+    tuned_cuda_kernels,
+)
 from .paged_attention_gpu import kv_append_gpu_func, paged_attention_gpu_func
 
 
@@ -160,6 +168,10 @@ def paged_attention(
         raise ValueError(f"query heads {hq} are not a multiple of KV heads {hkv}")
     scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     flavor = kernel_flavor()
+    if flavor == "gpu" and tuned_cuda_kernels():
+        # tensor-core Triton kernels (ops/attention_decode.py, ops/attention_prefill.py)
+        if attention_decode.supported(q, kv_pool, page_size):
+            return attention_decode.paged_attention_decode(q, kv_pool, page_table, seq_lens, layer, page_size, scale)
     if flavor == "cpu":
         func = paged_attention_func(hq, hkv, d, page_size, q.dtype, scale)
     else:

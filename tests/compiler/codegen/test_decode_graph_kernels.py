@@ -1,4 +1,4 @@
-"""The fused GDN decode step inside a whole Qwen3.5 h200 export (`ops/gdn_decode_fused.py`)."""
+"""Tuned decode kernels (fused GDN step, split-KV attention) inside a whole Qwen3.5 h200 export."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from .conftest import require_tool
 
 
 def test_model_decode_graph_captures_the_fused_step(tiny_artifact):
-    """In a whole Qwen3.5 h200 export, decode's CUDA graph holds the fused GDN step, prefill
-    keeps the unfused ops, and reference-kernel exports do not use it."""
+    """In a whole Qwen3.5 h200 export, decode's CUDA graph holds the fused GDN step and the
+    split-KV attention, prefill does not use them, and reference-kernel exports use neither."""
     import tvm
 
     from ninfer_compiler.build import export_module
@@ -33,8 +33,11 @@ def test_model_decode_graph_captures_the_fused_step(tiny_artifact):
     mod = add_graph_variants(mod)
     with cuda_build(ttarget), tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
         mod = relax_pipeline(ttarget)(mod)
-    assert mod["decode_graph_cuda_graph_capture"].script().count("ninfer_gdn_decode") > 0
+    captured = mod["decode_graph_cuda_graph_capture"].script()
+    assert captured.count("ninfer_gdn_decode") > 0
+    assert "ninfer_attention_decode_split" in captured and "ninfer_attention_decode_combine" in captured
     assert "ninfer_gdn_decode" not in mod["prefill"].script()
+    assert "ninfer_attention_decode" not in mod["prefill"].script()
     with ttarget, reference_kernels():
         ref, _ = export_module(model, model.upper_bounds(max_prefill_tokens=128, max_batch=8))
-    assert "ninfer_gdn_decode" not in ref.script()
+    assert "ninfer_gdn_decode" not in ref.script() and "ninfer_attention_decode" not in ref.script()

@@ -1,0 +1,90 @@
+"""Split-KV decode attention (`ops/attention_decode.py`): Triton's CPU interpreter against float64.
+
+bf16 `tl.dot` is wrong in the interpreter (Triton 3.9), so the kernels, which are generic in the
+element type, run here with fp16 and fp32 tensors; bf16 is checked on the GPU
+(tests/gpu/check_attention_decode.py) and compiled ahead of time below.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from ninfer_compiler.ops import attention_decode as ad  # noqa: E402
+
+HQ, HKV, D, PS = 6, 2, 32, 16
+
+
+def _case(lengths: list[int], dtype, seed: int = 0, width: int | None = None):
+    """Pool for 2 layers with pages shuffled, page table `[B, P]`, `seq_lens = length - 1`, q."""
+    gen = torch.Generator().manual_seed(seed)
+    pages = [-(-n // PS) for n in lengths]
+    total = sum(pages) + 3
+    pool = torch.randn((2, total, 2, HKV, PS, D), generator=gen).to(dtype)
+    perm = torch.randperm(total, generator=gen).to(torch.int32)
+    table = torch.full((len(lengths), width or max(pages)), total - 1, dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[at:at + n]
+        at += n
+    lens = torch.tensor([n - 1 for n in lengths], dtype=torch.int32)
+    q = torch.randn((len(lengths), 1, HQ, D), generator=gen).to(dtype)
+    return pool, table, lens, q
+
+
+def _reference(kv, table, lens, q, scale):
+    """Token `b` over positions `0..seq_lens[b]` (the CPU op's causal range), float64."""
+    out = torch.empty(q.shape, dtype=torch.float64)
+    g = HQ // HKV
+    for b in range(q.shape[0]):
+        n = int(lens[b]) + 1
+        j = torch.arange(n)
+        rows = kv[table[b, j // PS].long(), :, :, j % PS].double()  # [n, 2, Hkv, D]
+        s = torch.einsum("hgd,nhd->hgn", q[b, 0].double().view(HKV, g, D), rows[:, 0]) * scale
+        out[b, 0] = torch.einsum("hgn,nhd->hgd", torch.softmax(s, -1), rows[:, 1]).reshape(HQ, D)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("lengths", "splits", "target", "block_n"),
+    [
+        ([1, 40, 150], 16, 1056, 32),  # one split each (the batch is small), a page table wider than needed
+        ([600], 64, 4096, 16),  # 38 splits of one tile: the combine loops over 3 chunks
+        ([300], 4, 4096, 16),  # capped at 4 splits of 5 tiles each
+        ([17, 1, 33, 64], 8, 8, 32),  # split size set by the whole batch's tiles
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_matches_dense_reference(lengths, splits, target, block_n, dtype):
+    dt = getattr(torch, dtype)
+    pool, table, lens, q = _case(lengths, dt, width=max(-(-n // PS) for n in lengths) + 2)
+    scale = 1.0 / math.sqrt(D)
+    ws = torch.full((len(lengths), ad.workspace_width(HQ, D, splits)), float("nan"))
+    o = torch.full_like(q, float("nan"))
+    ad.launch_torch(q, pool[1], table, lens, scale, ws, o, splits=splits, target=target, block_n=block_n,
+                    interpret=True)
+    ref = _reference(pool[1], table, lens, q, scale)
+    tol = 2e-3 if dtype == "float16" else 2e-5
+    assert torch.isfinite(o).all()
+    assert (o.double() - ref).abs().max().item() <= tol * ref.abs().max().item()
+
+
+def test_another_layer_is_not_read():
+    """Layer 0 filled with NaN: the kernels read only the layer they are given."""
+    pool, table, lens, q = _case([70, 5], torch.float32, seed=3)
+    pool[0] = float("nan")
+    o, _ = ad.launch_torch(q, pool[1], table, lens, 0.125, interpret=True, splits=8)
+    assert torch.isfinite(o).all()
+
+
+def test_split_plan_matches_kernels():
+    """Unused splits write nothing: a workspace poisoned with NaN still gives finite outputs."""
+    pool, table, lens, q = _case([1], torch.float32, seed=5)
+    ws = torch.full((1, ad.workspace_width(HQ, D, 16)), float("nan"))
+    o, ws = ad.launch_torch(q, pool[1], table, lens, 0.2, ws, splits=16, interpret=True)
+    assert torch.isfinite(o).all()
+    assert torch.isnan(ws[0, HQ * 16 * D + 1 : HQ * 16 * D + 16]).all()  # head 0, splits 1.. untouched
