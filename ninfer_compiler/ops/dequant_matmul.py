@@ -14,8 +14,8 @@ from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
-from . import qgemv
-from .common import dtype_tag
+from . import qgemm, qgemv
+from .common import dtype_tag, tuned_cuda_kernels
 from .row_split import grouped_format
 
 
@@ -64,13 +64,17 @@ def dequant_matmul(
 ) -> nn.Tensor:
     """`y[..., n] = sum_k x[..., k] * W[n, k]` with `W` the dequantised planes (fp32 acc).
 
-    Decode-shaped calls (`[b, 1, K]`) on CUDA targets go to our GEMV (`ops/qgemv.py`);
-    prefill and CPU keep this TE op.
+    On CUDA targets decode-shaped calls (`[b, 1, K]`) go to our GEMV (`ops/qgemv.py`) and
+    prefill-shaped ones to our tensor-core GEMM (`ops/qgemm.py`); CPU and the reference
+    kernels (`ops.common.reference_kernels`) keep this TE op.
     """
     out_dtype = x.dtype
     rows = int(base.shape[0])
-    if qgemv.supported(x, rows, in_features):
-        return qgemv.qgemv(x, base, high, scales, fmt)
+    if tuned_cuda_kernels():
+        if qgemv.supported(x, rows, in_features):
+            return qgemv.qgemv(x, base, high, scales, fmt)
+        if qgemm.supported(x, rows, in_features):
+            return qgemm.qgemm(x, base, high, scales, fmt)
 
     def compute(x: te.Tensor, *planes: te.Tensor) -> te.Tensor:
         b, s = planes[0], planes[-1]

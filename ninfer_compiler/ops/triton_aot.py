@@ -57,6 +57,13 @@ def _source_key(fn: Any) -> str:
     import triton
 
     src = inspect.getsource(fn.fn)
+    # `triton.jit(repr=...)` names the entry symbol (interpreter objects keep it in `kwargs`)
+    naming = getattr(fn, "_repr", None) or getattr(fn, "kwargs", {}).get("repr")
+    if callable(naming):
+        try:
+            src += "\0" + inspect.getsource(naming)
+        except (OSError, TypeError):
+            src += "\0" + repr(naming)
     return hashlib.sha256(f"{triton.__version__}\0{fn.fn.__name__}\0{src}".encode()).hexdigest()
 
 
