@@ -25,7 +25,15 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 from tvm.script import tirx as T
 
-from .common import SCHEDULED_ATTRS, dtype_tag, i32, kernel_flavor, placeholder_like
+from . import gdn_chunked_triton
+from .common import (
+    SCHEDULED_ATTRS,
+    dtype_tag,
+    i32,
+    kernel_flavor,
+    placeholder_like,
+    tuned_cuda_kernels,
+)
 from .gated_delta_rule_gpu import gdn_chunked_gpu_func, gdn_recurrent_gpu_func
 
 CHUNK = 64
@@ -224,6 +232,10 @@ def gated_delta_rule(
         raise ValueError(f"GDN value heads {hv} are not a multiple of key heads {hk}")
     kind = "chunked" if chunked else "recurrent"
     flavor = kernel_flavor()
+    if (chunked and flavor == "gpu" and tuned_cuda_kernels()
+            and gdn_chunked_triton.supported(q, k, v, g, beta, gdn_state)):
+        # tensor-core chunked form in Triton, parallel over chunks and value columns
+        return gdn_chunked_triton.gdn_chunked(q, k, v, g, beta, gdn_state, slot_ids, seq_lens, layer)
     if flavor == "cpu":
         func = (gdn_chunked_func if chunked else gdn_recurrent_func)(hk, hv, dk, dv, v.dtype)
     else:
