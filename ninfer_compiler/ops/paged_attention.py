@@ -23,7 +23,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 from tvm.script import tirx as T
 
-from . import attention_decode
+from . import attention_decode, attention_prefill
 from .common import (
     SCHEDULED_ATTRS,
     dtype_tag,
@@ -172,6 +172,8 @@ def paged_attention(
         # tensor-core Triton kernels (ops/attention_decode.py, ops/attention_prefill.py)
         if attention_decode.supported(q, kv_pool, page_size):
             return attention_decode.paged_attention_decode(q, kv_pool, page_table, seq_lens, layer, page_size, scale)
+        if attention_prefill.supported(q, kv_pool, page_size):
+            return attention_prefill.paged_attention_prefill(q, kv_pool, page_table, seq_lens, layer, page_size, scale)
     if flavor == "cpu":
         func = paged_attention_func(hq, hkv, d, page_size, q.dtype, scale)
     else:

@@ -40,6 +40,7 @@ def test_model_decode_graph_captures_the_fused_step(tiny_artifact):
     prefill = mod["prefill"].script()
     assert "ninfer_attention_decode" not in prefill
     assert "ninfer_gdn_chunked_prep" in prefill and "ninfer_gdn_chunked_state" in prefill
+    assert "ninfer_attention_prefill" in prefill
     with ttarget, reference_kernels():
         ref, _ = export_module(model, model.upper_bounds(max_prefill_tokens=128, max_batch=8))
     assert "ninfer_" not in ref.script()  # no extern kernel at all
