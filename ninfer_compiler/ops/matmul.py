@@ -2,7 +2,9 @@
 
 A bf16 (or fp16) weight is cast element by element inside the reduction, so it is never
 expanded to fp32 in memory. The result has the activation dtype. One TE op with a single
-reduction block: the shape GPU matmul/GEMV schedules recognise.
+reduction block: the shape GPU matmul/GEMV schedules recognise. On CUDA targets, decode-shaped
+bf16 calls with a small N (the GDN gate projections) go to our GEMV (`ops/qgemv.py`) and
+prefill-shaped ones to the tensor-core GEMM (`ops/dense_triton.py`) instead.
 """
 
 from __future__ import annotations
@@ -11,12 +13,22 @@ from tvm import te
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
-from .common import dtype_tag
+from . import dense_triton, qgemv
+from .common import dtype_tag, tuned_cuda_kernels
+
+
+def _decode_shaped(x: nn.Tensor) -> bool:
+    return len(x.shape) == 3 and isinstance(x.shape[1], int) and x.shape[1] == 1
 
 
 def dense_nt(x: nn.Tensor, weight: nn.Tensor) -> nn.Tensor:
     """`y[..., n] = sum_k x[..., k] * weight[n, k]` for `x [..., K]`, `weight [N, K]`."""
     out_dtype = x.dtype
+    if tuned_cuda_kernels():
+        if qgemv.dense_supported(x, weight):  # decode, small N
+            return qgemv.dense_gemv(x, weight)
+        if dense_triton.supported(x, weight) and not _decode_shaped(x):  # prefill
+            return dense_triton.dense_nt(x, weight)
 
     def compute(x: te.Tensor, w: te.Tensor) -> te.Tensor:
         lead, k_dim = list(x.shape[:-1]), x.shape[-1]

@@ -1,3 +1,16 @@
+// Decode GEMVs (batch 1..8) for ninfer's externs (`ops/qgemv.py`).
+//
+// * v3 (`ninfer_qgemv3_q{4,5,6}_y{bf16,f32}`): grouped-int planes x bf16 activations on the tensor
+//   cores. v2 below was issue-bound (one FADD + B FMAs per weight); here a warp owns 16 output rows
+//   and runs `mma.sync m16n8k16` (A = 16 rows x 16 k of integer codes, exact in bf16; B = 16 k x 8
+//   batch rows), so the batch costs nothing extra and a weight costs ~1.4 (q4) to ~2.4 (q5/q6)
+//   integer ops. Details at `v3_body`.
+// * v2 (`ninfer_qgemv_q*_b*_{bf16,f32}`): SIMT, kept for q8 and fp32 activations.
+// * dense (`ninfer_dense_bf16_b*`): bf16 weights [N, K] for small-N decode projections (the GDN
+//   gates, N = 48), one block per row so that N = 48 still spreads over 48 SMs. Built alone (with
+//   NINFER_GEMV_DENSE_ONLY) into its own extern, so bf16 packages do not carry the int kernels.
+//
+// v2 comment follows.
 // Dequantize-fused GEMV for decode (batch 1..8) over row_split_k128_v1 planes (ninfer's own).
 //
 // Why this exists: dlight's GEMV over uint8 planes loads one byte per 4-bit weight and is
@@ -17,6 +30,7 @@
 #define ROWS 4
 #define THREADS 256
 
+#ifndef NINFER_GEMV_DENSE_ONLY
 namespace {
 
 // 8 consecutive activations as fp32 (one 16-byte load for bf16, two for fp32).
@@ -183,6 +197,7 @@ __device__ __forceinline__ void gemv_body(const T* __restrict__ x, const uint8_t
   NINFER_QGEMV(BITS, 4, T, TAG)            \
   NINFER_QGEMV(BITS, 8, T, TAG)
 
+#ifndef NINFER_GEMV_SKIP_V2  // (the CPU tests compile v3 and dense alone, to stay fast)
 NINFER_QGEMV_BATCHES(4, __nv_bfloat16, bf16)
 NINFER_QGEMV_BATCHES(5, __nv_bfloat16, bf16)
 NINFER_QGEMV_BATCHES(6, __nv_bfloat16, bf16)
@@ -191,3 +206,278 @@ NINFER_QGEMV_BATCHES(4, float, f32)
 NINFER_QGEMV_BATCHES(5, float, f32)
 NINFER_QGEMV_BATCHES(6, float, f32)
 NINFER_QGEMV_BATCHES(8, float, f32)
+#endif  // NINFER_GEMV_SKIP_V2
+
+// ------------------------------------------------------------------------------------------------
+// v3: tensor-core GEMV over row_split_k128_v1 planes (bf16 activations, q4/q5/q6).
+//
+// Fragments of mma.m16n8k16 (g = lane / 4, c = lane % 4): A regs a0/a2 hold row g, a1/a3 row g + 8,
+// each a bf16 pair at logical k (2c, 2c + 1) for a0/a1 and (2c + 8, 2c + 9) for a2/a3; B regs b0/b1
+// hold batch column g at the same k; D holds (row g, cols 2c, 2c + 1) and (row g + 8, same cols).
+// Only the sum over k matters, so logical k may map to any physical lane as long as A and B agree.
+// Thread c reads bytes 8c..8c+7 of its rows' 32-byte group of `base`, i.e. lanes 16c..16c+15, as
+// words w0 (lanes +0..7) and w1 (lanes +8..15). In MMA m (0..3) of the group the pair of a0/a1 is
+// lanes (16c + m, 16c + m + 4) = nibbles m and m + 4 of w0, pulled out by one shift and the mask
+// 0x000F000F; a2/a3 take the same from w1 (lanes 16c + 8 + m, 16c + 12 + m). The activations of
+// those lanes are paired with one PRMT each. Codes: the bf16 pattern 0x4300 | v is 128 + v exactly;
+// with the code's sign bit flipped into v, one bf16x2 FMA subtracting 128 + 2^(bits-1) leaves the
+// signed code, exact. The 4 MMAs of a group accumulate into a fresh fragment that is scaled once
+// (fp32 FFMA) into the accumulator, so weights are never rounded and each group is scaled once.
+//
+// Layout: a warp owns 16 rows; `ks` warps of a block split K (in 128-lane chunks, contiguous
+// ranges) for the same rows and are summed through shared memory; blocks have max(8, ks) warps.
+// ------------------------------------------------------------------------------------------------
+namespace {
+
+constexpr int V3_MAX_WARPS = 16;
+constexpr int V3_UC = 2;  // 128-lane chunks per loop step (4 groups: 128 bytes of each base row)
+
+__device__ __forceinline__ void mma_bf16(float* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// bf16x2 `v * 1 - off` (exact for the small integers here).
+__device__ __forceinline__ uint32_t bf16x2_sub(uint32_t v, uint32_t neg_off) {
+  uint32_t out;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(v), "r"(0x3F803F80u), "r"(neg_off));
+  return out;
+}
+
+// High-plane bits of one 8-lane word, placed so that `(F >> hshift(m)) & HMASK` puts lane m's
+// high bits at bit 4 and lane m + 4's at bit 20 (see v3_pair). `h` covers the thread's 16 lanes.
+template <int BITS>
+__device__ __forceinline__ uint32_t high_word(uint32_t h, int half) {
+  if (BITS == 5) return (h & (half ? 0xFF00u : 0xFFu)) * 0x10010u;   // lane j at 4 + j and 16 + j
+  if (BITS == 6) return __byte_perm(h, 0u, half ? 0x4342 : 0x4140);  // lane j at 2j, lane j+4 at 16+2j
+  return 0u;
+}
+
+// bf16x2 signed codes of lanes (m, m + 4) of word w (and its high bits F).
+template <int BITS>
+__device__ __forceinline__ uint32_t v3_pair(uint32_t w, uint32_t f, int m, int half) {
+  const uint32_t t = (w >> (4 * m)) & 0x000F000Fu;
+  if (BITS == 4) return bf16x2_sub(t ^ 0x43084308u, 0xC308C308u);  // 128 + (u ^ 8) - 136
+  if (BITS == 5) {
+    const uint32_t fs = f >> (m + 8 * half);
+    return bf16x2_sub((t | 0x43104310u) ^ (fs & 0x00100010u), 0xC310C310u);  // - 144
+  }
+  // q6: lane m's 2 bits sit at 2m in f; move them to 4 (shift left 4 - 2m)
+  const uint32_t fs = m == 3 ? (f >> 2) : (f << (4 - 2 * m));
+  return bf16x2_sub((t | 0x43204320u) ^ (fs & 0x00300030u), 0xC320C320u);  // - 160
+}
+
+__device__ __forceinline__ void store_v3(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store_v3(float* p, float v) { *p = v; }
+
+template <int BITS, typename TY>
+__device__ __forceinline__ void v3_body(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ base,
+                                        const uint8_t* __restrict__ high, const __half* __restrict__ scales,
+                                        TY* __restrict__ y, uint32_t n_rows, uint32_t k, uint32_t b_rows,
+                                        uint32_t ks) {
+  constexpr uint32_t HB = BITS == 5 ? 8u : (BITS == 6 ? 16u : 0u);  // high bytes per group
+  __shared__ float part[V3_MAX_WARPS * 128];
+
+  const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+  const uint32_t g = lane >> 2, c = lane & 3u;
+  const uint32_t slots = (blockDim.x >> 5) / ks;
+  const uint32_t kpart = warp / slots, slot = warp % slots;
+  const uint32_t row0 = (blockIdx.x * slots + slot) * 16u;
+  const uint32_t groups = k >> 6, chunks = k >> 7;
+  const uint32_t cbeg = kpart * chunks / ks, cend = (kpart + 1u) * chunks / ks;
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  if (row0 < n_rows) {
+    const uint32_t ra = row0 + g, rb = ra + 8u;
+    const uint8_t* pa = base + ra * (groups * 32u) + c * 8u;
+    const uint8_t* pb = base + rb * (groups * 32u) + c * 8u;
+    const uint8_t* ha = high + ra * (groups * HB) + c * (HB / 4u);
+    const uint8_t* hb = high + rb * (groups * HB) + c * (HB / 4u);
+    const __half* sa = scales + ra * groups;
+    const __half* sb = scales + rb * groups;
+    const bool has_x = g < b_rows;
+    const __nv_bfloat16* xr = x + g * k + c * 16u;
+    for (uint32_t ci = cbeg; ci < cend; ci += V3_UC) {
+      uint2 wa[2 * V3_UC], wb[2 * V3_UC];
+      uint32_t hva[2 * V3_UC], hvb[2 * V3_UC];
+      __half2 sca[V3_UC], scb[V3_UC];
+      uint4 xv[2 * V3_UC][2];
+#pragma unroll
+      for (int u = 0; u < V3_UC; ++u) {
+        if (ci + u < cend) {
+          const uint32_t ch = ci + u;
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const uint32_t gi = 2u * ch + j;
+            wa[2 * u + j] = __ldg(reinterpret_cast<const uint2*>(pa + gi * 32u));
+            wb[2 * u + j] = __ldg(reinterpret_cast<const uint2*>(pb + gi * 32u));
+            hva[2 * u + j] = hvb[2 * u + j] = 0u;
+            if (BITS == 5) {
+              hva[2 * u + j] = __ldg(reinterpret_cast<const unsigned short*>(ha + gi * HB));
+              hvb[2 * u + j] = __ldg(reinterpret_cast<const unsigned short*>(hb + gi * HB));
+            }
+            if (BITS == 6) {
+              hva[2 * u + j] = __ldg(reinterpret_cast<const uint32_t*>(ha + gi * HB));
+              hvb[2 * u + j] = __ldg(reinterpret_cast<const uint32_t*>(hb + gi * HB));
+            }
+            if (has_x) {
+              const uint4* xp = reinterpret_cast<const uint4*>(xr + gi * 64u);
+              xv[2 * u + j][0] = __ldg(xp);
+              xv[2 * u + j][1] = __ldg(xp + 1);
+            } else {
+              xv[2 * u + j][0] = xv[2 * u + j][1] = make_uint4(0u, 0u, 0u, 0u);
+            }
+          }
+          sca[u] = __ldg(reinterpret_cast<const __half2*>(sa + 2u * ch));
+          scb[u] = __ldg(reinterpret_cast<const __half2*>(sb + 2u * ch));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < V3_UC; ++u) {
+        if (ci + u < cend) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int q = 2 * u + j;
+            const uint32_t fa0 = high_word<BITS>(hva[q], 0), fa1 = high_word<BITS>(hva[q], 1);
+            const uint32_t fb0 = high_word<BITS>(hvb[q], 0), fb1 = high_word<BITS>(hvb[q], 1);
+            const uint4 x0 = xv[q][0], x1 = xv[q][1];
+            float t[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+              const uint32_t sel = (m & 1) ? 0x7632u : 0x5410u;
+              const uint32_t b0 = __byte_perm(m < 2 ? x0.x : x0.y, m < 2 ? x0.z : x0.w, sel);
+              const uint32_t b1 = __byte_perm(m < 2 ? x1.x : x1.y, m < 2 ? x1.z : x1.w, sel);
+              mma_bf16(t, v3_pair<BITS>(wa[q].x, fa0, m, 0), v3_pair<BITS>(wb[q].x, fb0, m, 0),
+                       v3_pair<BITS>(wa[q].y, fa1, m, 1), v3_pair<BITS>(wb[q].y, fb1, m, 1), b0, b1);
+            }
+            const float s_a = __low2float(j == 0 ? sca[u] : __lowhigh2highlow(sca[u]));
+            const float s_b = __low2float(j == 0 ? scb[u] : __lowhigh2highlow(scb[u]));
+            acc[0] = fmaf(t[0], s_a, acc[0]);
+            acc[1] = fmaf(t[1], s_a, acc[1]);
+            acc[2] = fmaf(t[2], s_b, acc[2]);
+            acc[3] = fmaf(t[3], s_b, acc[3]);
+          }
+        }
+      }
+    }
+  }
+  // D: acc[0..1] = row g, batch cols 2c, 2c + 1; acc[2..3] = row g + 8, same cols
+  if (ks == 1) {
+    if (row0 < n_rows) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t row = row0 + g + (i >> 1) * 8u, col = 2u * c + (i & 1);
+        if (col < b_rows) store_v3(y + col * n_rows + row, acc[i]);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) part[warp * 128u + (g + (i >> 1) * 8u) * 8u + 2u * c + (i & 1)] = acc[i];
+  __syncthreads();
+  for (uint32_t t = threadIdx.x; t < slots * 128u; t += blockDim.x) {
+    const uint32_t s = t >> 7, rb = t & 127u, r = rb >> 3, col = rb & 7u;
+    const uint32_t row = (blockIdx.x * slots + s) * 16u + r;
+    if (row >= n_rows || col >= b_rows) continue;
+    float v = 0.f;
+    for (uint32_t p = 0; p < ks; ++p) v += part[(p * slots + s) * 128u + rb];
+    store_v3(y + col * n_rows + row, v);
+  }
+}
+
+}  // namespace
+
+#define NINFER_QGEMV3(BITS, TY, TAG)                                                                 \
+  extern "C" __global__ void __launch_bounds__(V3_MAX_WARPS * 32)                                     \
+      ninfer_qgemv3_q##BITS##_y##TAG(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, \
+                                     const __half* scales, TY* y, uint32_t n_rows, uint32_t k,        \
+                                     uint32_t b_rows, uint32_t ks) {                                  \
+    v3_body<BITS, TY>(x, base, high, scales, y, n_rows, k, b_rows, ks);                               \
+  }
+
+NINFER_QGEMV3(4, __nv_bfloat16, bf16)
+NINFER_QGEMV3(5, __nv_bfloat16, bf16)
+NINFER_QGEMV3(6, __nv_bfloat16, bf16)
+NINFER_QGEMV3(4, float, f32)  // fp32 output: lets the GPU check see fp32-level error
+NINFER_QGEMV3(5, float, f32)
+NINFER_QGEMV3(6, float, f32)
+#endif  // NINFER_GEMV_DENSE_ONLY
+
+// ------------------------------------------------------------------------------------------------
+// dense: bf16 weights [N, K] x bf16 activations [B, K] for small N (decode GDN gates, N = 48).
+// One block of 256 threads per output row: N = 48 rows spread over 48 SMs, each thread reads
+// 16-byte vectors of the row (up to 4 in flight), products summed in fp32, block-reduced.
+// ------------------------------------------------------------------------------------------------
+namespace {
+
+constexpr int DENSE_THREADS = 256;
+constexpr int DENSE_UNROLL = 4;
+
+template <int B>
+__device__ __forceinline__ void dense_body(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                           __nv_bfloat16* __restrict__ y, uint32_t n_rows, uint32_t k,
+                                           uint32_t b_rows) {
+  __shared__ float red[DENSE_THREADS / 32][B];
+  const uint32_t row = blockIdx.x, tid = threadIdx.x;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<size_t>(row) * k);
+  const uint32_t vecs = k >> 3;
+  float acc[B];
+#pragma unroll
+  for (int b = 0; b < B; ++b) acc[b] = 0.f;
+  for (uint32_t i0 = tid; i0 < vecs; i0 += DENSE_THREADS * DENSE_UNROLL) {
+    uint4 wv[DENSE_UNROLL];
+#pragma unroll
+    for (int u = 0; u < DENSE_UNROLL; ++u) {
+      const uint32_t i = i0 + u * DENSE_THREADS;
+      wv[u] = i < vecs ? __ldg(wr + i) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < DENSE_UNROLL; ++u) {
+      const uint32_t i = i0 + u * DENSE_THREADS;
+      if (i >= vecs) break;
+      const uint32_t wq[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const uint32_t bb = b < (int)b_rows ? b : 0u;  // padded batch rows read row 0, never stored
+        const uint4 xq = __ldg(reinterpret_cast<const uint4*>(x + bb * k) + i);
+        const uint32_t xw[4] = {xq.x, xq.y, xq.z, xq.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc[b] = fmaf(__uint_as_float(wq[j] << 16), __uint_as_float(xw[j] << 16), acc[b]);
+          acc[b] = fmaf(__uint_as_float(wq[j] & 0xFFFF0000u), __uint_as_float(xw[j] & 0xFFFF0000u), acc[b]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    float v = acc[b];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    if ((tid & 31u) == 0) red[tid >> 5][b] = v;
+  }
+  __syncthreads();
+  if (tid < (uint32_t)B && tid < b_rows) {
+    float v = 0.f;
+#pragma unroll
+    for (int i = 0; i < DENSE_THREADS / 32; ++i) v += red[i][tid];
+    y[tid * n_rows + row] = __float2bfloat16_rn(v);
+  }
+}
+
+}  // namespace
+
+#define NINFER_DENSE(B)                                                                              \
+  extern "C" __global__ void __launch_bounds__(DENSE_THREADS)                                        \
+      ninfer_dense_bf16_b##B(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y,        \
+                             uint32_t n_rows, uint32_t k, uint32_t b_rows) {                          \
+    dense_body<B>(x, w, y, n_rows, k, b_rows);                                                        \
+  }
+
+NINFER_DENSE(1)
+NINFER_DENSE(2)
+NINFER_DENSE(4)
+NINFER_DENSE(8)
