@@ -3,7 +3,10 @@
 A package's manifest lists each parameter as (binding, plane, shape, dtype). Dense parameters are
 decoded from their binding (bf16 words stay bf16 bit for bit); grouped-int parameters are the
 artifact's own planes (`base`, `high`, `scales`) cut into per-row spans of the binding's parent
-rows (spec 4.3.7), so no weight is repacked or expanded at load time.
+rows (spec 4.3.7), so no weight is repacked or expanded at load time. nvfp4 parameters are the
+code plane's rows as stored, the E4M3FN block scales of those rows in natural `[rows, K/16]` order
+(the 128x4 tile swizzle of spec 4.4 undone, so a binding may start at any row of its parent) and
+the matrix divisor.
 """
 
 from __future__ import annotations
@@ -14,9 +17,17 @@ import ml_dtypes
 import numpy as np
 
 from .artifact import Artifact, ArtifactError
-from .artifact.formats import ROW_SPLIT, GroupedIntFormat, RowSplitGeometry, geometry
+from .artifact.formats import (
+    BLOCK_SCALE,
+    ROW_SPLIT,
+    BlockScaleGeometry,
+    GroupedIntFormat,
+    RowSplitGeometry,
+    geometry,
+)
 
 GROUPED_PLANES = ("base", "high", "scales")
+NVFP4_PLANES = ("codes", "block_scales", "divisor")
 NUMPY_DTYPES = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
@@ -32,7 +43,7 @@ class ParamEntry:
 
     name: str  # module path, e.g. layers.3.attention.query.base
     binding: str  # artifact binding, e.g. text/layers/3/attention/query
-    plane: str  # "value" (dense) or "base" / "high" / "scales" (grouped int)
+    plane: str  # "value" (dense), "base" / "high" / "scales" (grouped int), "codes" / "block_scales" / "divisor" (nvfp4)
     shape: tuple[int, ...]
     dtype: str
 
@@ -50,6 +61,8 @@ def load_param(art: Artifact, entry: ParamEntry) -> np.ndarray:
         raise ArtifactError("param_dtype", f"parameter {entry.name}: unsupported dtype {entry.dtype}")
     if entry.plane in GROUPED_PLANES:
         value = _grouped_plane(art, entry)
+    elif entry.plane in NVFP4_PLANES:
+        value = _nvfp4_plane(art, entry)
     elif entry.plane == "value":
         value = _dense(art, entry)
     else:
@@ -133,3 +146,64 @@ def _plane_rows(art: Artifact, obj, geo: RowSplitGeometry, plane: str, r0: int, 
         raise ArtifactError("param_plane", f"{obj.format} has no {plane} plane", obj=obj.id)
     data = art.read(obj.offset + offset + r0 * row_bytes, (r1 - r0) * row_bytes)
     return np.frombuffer(data, dtype=np.uint8).reshape(r1 - r0, row_bytes).copy()
+
+
+def _nvfp4_plane(art: Artifact, entry: ParamEntry) -> np.ndarray:
+    """One nvfp4 plane of a binding's rows: codes `[rows, K/2]`, scales `[rows, K/16]`, divisor `[1]`."""
+    binding = art.binding(entry.binding)
+    spans, divisors = [], set()
+    for part in binding.parts:
+        obj = art.tensor_object(part.object)
+        if obj.layout != BLOCK_SCALE or obj.format != "nvfp4":
+            raise ArtifactError(
+                "param_format", f"parameter {entry.name}: binding {entry.binding} is {obj.format}, the package expects "
+                "nvfp4 planes (compiled for another format)", obj=obj.id,
+            )
+        geo = geometry(obj.layout, obj.format, obj.shape, obj.id)
+        assert isinstance(geo, BlockScaleGeometry)
+        k = geo.cols
+        if part.begin % k or part.end % k:
+            raise ArtifactError(
+                "param_rows", f"parameter {entry.name}: binding range [{part.begin}, {part.end}) is not whole rows of "
+                f"{obj.id}; nvfp4 weights are bound by rows", obj=obj.id,
+            )
+        word = int(np.frombuffer(art.read(obj.offset + geo.divisor_offset, 4), dtype="<u4")[0])
+        if not 0 < word <= 0x7F7FFFFF:
+            raise ArtifactError("invalid_divisor", f"weight divisor word 0x{word:08X} is not finite and > 0", obj=obj.id)
+        divisors.add(word)
+        r0, r1 = part.begin // k, part.end // k
+        if entry.plane == "codes":
+            data = art.read(obj.offset + r0 * (k // 2), (r1 - r0) * (k // 2))
+            spans.append(np.frombuffer(data, dtype=np.uint8).reshape(r1 - r0, k // 2).copy())
+        elif entry.plane == "block_scales":
+            spans.append(_natural_scales(art, obj, geo, r0, r1))
+    if entry.plane == "divisor":
+        if len(divisors) != 1:
+            raise ArtifactError(
+                "param_format", f"parameter {entry.name}: binding {entry.binding} spans nvfp4 objects with different "
+                "divisors; one matrix has one divisor",
+            )
+        return np.array([divisors.pop()], dtype=np.uint32).view(np.float32)
+    return np.concatenate(spans) if len(spans) > 1 else spans[0]
+
+
+def _natural_scales(art: Artifact, obj, geo: BlockScaleGeometry, r0: int, r1: int) -> np.ndarray:
+    """E4M3FN scale words of rows [r0, r1) as `[rows, K/16]`: the 128-row tiles covering them, un-swizzled.
+
+    A tile's 512-byte blocks hold `[32 rows, 4 row quarters, 4 groups]` (spec 4.4: the natural matrix
+    reshaped to `[N/128, 4, 32, K/64, 4]` and permuted to `(0, 3, 2, 1, 4)`); the inverse permutation is
+    the same one.
+    """
+    groups = geo.cols // 16
+    t0, t1 = r0 // 128, -(-r1 // 128)
+    data = art.read(obj.offset + geo.scale_offset + t0 * 128 * groups, (t1 - t0) * 128 * groups)
+    tiles = np.frombuffer(data, dtype=np.uint8).reshape(t1 - t0, groups // 4, 32, 4, 4)
+    natural = tiles.transpose(0, 3, 2, 1, 4).reshape((t1 - t0) * 128, groups)[r0 - t0 * 128 : r1 - t0 * 128]
+    bad = natural > 0x7E
+    if bad.any():
+        r, g = (int(v[0]) for v in np.nonzero(bad))
+        raise ArtifactError(
+            "invalid_scale", f"E4M3FN block scale 0x{int(natural[r, g]):02X} of row {r0 + r} group {g} is negative or NaN",
+            obj=obj.id,
+        )
+    return np.ascontiguousarray(natural)

@@ -3,8 +3,8 @@
 The tiny Qwen3.5 Dense model (models.md section 9, weights bf16-representable) is the oracle:
 logits of a 75-token prompt (two GDN chunks) through one-shot prefill, chunked prefill and
 prefill + token-by-token decode, greedy continuations, batched decode, and the `ninfer run`
-command against `generate` through the chat template. For the groupwise-int artifact HF runs on
-the dequantized weights read back from the artifact.
+command against `generate` through the chat template. For the groupwise-int and nvfp4 artifacts HF
+runs on the dequantized weights read back from the artifact.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from ninfer_runtime.runner import ModelRunner
 
 pytestmark = pytest.mark.slow
 PROMPT = np.random.default_rng(0).integers(2, 400, size=75).tolist()
+RECIPES = ("bf16", "groupwise-int", "nvfp4")
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -37,7 +38,7 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
 def built(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("e2e")
     out = {}
-    for recipe in ("bf16", "groupwise-int"):
+    for recipe in RECIPES:
         art = root / f"{recipe}.ninfer"
         convert(cached_hf_model("qwen3_5"), art, recipe)
         compile_artifact(art, root / f"pkg-{recipe}", CompileOptions(max_context=1024, prefill_chunk=32))
@@ -90,7 +91,7 @@ def _hf_from_artifact(art_path: Path):
 @pytest.fixture(scope="module")
 def oracles(built) -> dict[str, tuple]:
     out = {}
-    for recipe in ("bf16", "groupwise-int"):
+    for recipe in RECIPES:
         model = _hf_from_artifact(built[recipe])
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
@@ -119,7 +120,7 @@ def _greedy_continuation(runner: ModelRunner, first_logits: np.ndarray, steps: i
     return tokens
 
 
-@pytest.mark.parametrize("recipe", ["bf16", "groupwise-int"])
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_logits_parity(built, oracles, recipe):
     _, ref, greedy = oracles[recipe]
     runner = ModelRunner(built[f"pkg-{recipe}"])
@@ -195,11 +196,28 @@ def test_package_refuses_other_artifact(built, tmp_path):
         ModelRunner(built["pkg-bf16"], artifact=other)
 
 
-def test_unsupported_format_is_refused(tmp_path):
-    art = tmp_path / "nv.ninfer"
-    convert(cached_hf_model("qwen3_5"), art, "nvfp4")
-    with pytest.raises(CompileError, match="nvfp4, which is not supported on target cpu"):
-        compile_artifact(art, tmp_path / "pkg", CompileOptions(max_context=256))
+def test_nvfp4_binds_row_ranges_of_packed_parents(built):
+    """The GDN `[query; key; value; z]` parent is one nvfp4 object; `key` starts at row 64, inside a
+    128-row scale tile. Its loaded planes decode to exactly the artifact's values."""
+    from ninfer_runtime.artifact.codecs import E2M1_VALUES, E4M3FN_VALUES
+    from ninfer_runtime.weights import ParamEntry, load_param
+
+    with Artifact(built["nvfp4"]) as art:
+        binding = "text/layers/0/gdn/key"
+        (part,) = art.binding(binding).parts
+        assert art.tensor_object(part.object).format == "nvfp4" and part.begin == 64 * 64
+        planes = {p: load_param(art, ParamEntry(f"layers.0.gdn.key.{p}", binding, p, shape, dtype))
+                  for p, shape, dtype in (("codes", (64, 32), "uint8"), ("block_scales", (64, 4), "uint8"),
+                                          ("divisor", (1,), "float32"))}
+        want = art.parameter(binding, (64, 64))
+    codes = np.stack([planes["codes"] & 0xF, planes["codes"] >> 4], axis=-1).reshape(64, 64)
+    scales = np.repeat(E4M3FN_VALUES[planes["block_scales"]], 16, axis=1)
+    np.testing.assert_array_equal((E2M1_VALUES[codes] * scales) / planes["divisor"][0], want)
+
+
+def test_unsupported_format_is_refused(built, tmp_path):
+    with pytest.raises(CompileError, match="nvfp4, which is not supported on target rtx5090"):
+        compile_artifact(built["nvfp4"], tmp_path / "pkg", CompileOptions(target="rtx5090", max_context=256))
     assert not (tmp_path / "pkg").exists()
 
 
@@ -233,7 +251,7 @@ def test_run_with_cpu_tiny_config(built, tmp_path, monkeypatch):
     assert 1 <= len(ids) <= 64  # sampling.max_tokens = 64 in the file
 
 
-@pytest.mark.parametrize("recipe", ["bf16", "groupwise-int"])
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_embed_returns_the_artifact_rows(built, recipe):
     """`embed` gives exactly the decoded embedding rows (bf16 words, or dequantized q6/q8 codes)."""
     runner = ModelRunner(built[f"pkg-{recipe}"])

@@ -1,13 +1,16 @@
-"""Linear layer over grouped-int (q4/q5/q6/q8) weights stored as the artifact's planes.
+"""Linear layer over grouped-int (q4/q5/q6/q8) or nvfp4 weights stored as the artifact's planes.
 
-Parameters `base`, `high` (q5/q6 only) and `scales` are the row views of a
-`row_split_k128_v1` object (`ops.row_split`), bound 1:1 without repacking.
+Grouped-int parameters `base`, `high` (q5/q6 only) and `scales` are the row views of a
+`row_split_k128_v1` object (`ops.row_split`), bound 1:1 without repacking. nvfp4 parameters
+`codes`, `block_scales` and `divisor` are the planes of a `block_scale_k16_m128x4_v1` object
+(`ops.nvfp4`; the scales un-swizzled at load time).
 """
 
 from __future__ import annotations
 
 from tvm.relax.frontend import nn
 
+from ...ops import nvfp4
 from ...ops.dequant_matmul import dequant_embedding, dequant_matmul
 from ...ops.row_split import plane_shapes
 
@@ -17,12 +20,20 @@ class QuantizedLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, fmt: str):
         self.in_features, self.out_features, self.fmt = in_features, out_features, fmt
+        if fmt == "nvfp4":
+            planes = nvfp4.plane_shapes(out_features, in_features)
+            self.codes = nn.Parameter(*planes["codes"])
+            self.block_scales = nn.Parameter(*planes["block_scales"])
+            self.divisor = nn.Parameter(*planes["divisor"])
+            return
         shapes = plane_shapes(fmt, out_features, in_features)
         self.base = nn.Parameter(*shapes["base"])
         self.high = nn.Parameter(*shapes["high"]) if "high" in shapes else None
         self.scales = nn.Parameter(*shapes["scales"])
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
+        if self.fmt == "nvfp4":
+            return nvfp4.nvfp4_matmul(x, self.codes, self.block_scales, self.divisor, self.in_features)
         return dequant_matmul(x, self.base, self.high, self.scales, self.fmt, self.in_features)
 
 

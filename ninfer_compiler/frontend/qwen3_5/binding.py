@@ -16,10 +16,10 @@ from ninfer_runtime.weights import ParamEntry
 from ..options import WeightPlan
 from .config import Qwen35TextConfig
 
-PLANES = ("base", "high", "scales")
+PLANES = ("base", "high", "scales", "codes", "block_scales", "divisor")  # grouped-int, then nvfp4
 # artifact format -> the weight plan's name for it
 PLAN_FORMATS = {"bf16": "bfloat16", "fp32": "float32", "q4_g64_fp16": "q4_g64_fp16", "q5_g64_fp16": "q5_g64_fp16",
-                "q6_g64_fp16": "q6_g64_fp16", "q8_g32_fp16": "q8_g32_fp16"}
+                "q6_g64_fp16": "q6_g64_fp16", "q8_g32_fp16": "q8_g32_fp16", "nvfp4": "nvfp4"}
 
 
 class BindingError(ValueError):
