@@ -14,6 +14,7 @@
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/container/tuple.h>
 #include <tvm/ffi/function.h>
 
 #include <cstring>

@@ -111,3 +111,23 @@ def current_arch() -> str:
     if target is None or target.kind.name != "cuda":
         raise ValueError("a CUDA target must be current")
     return str(target.arch)
+
+
+def inplace_call(symbol: str, args: list, mutated: list):  # noqa: ANN201 (nn.Tensor or a tuple of them)
+    """Call the packed function `symbol(*args, *mutated)`, which writes `mutated` and returns them.
+
+    Why not `module[symbol](...)`: that is destination-passing (a fresh output), while the state
+    must be updated where it lives. `call_inplace_packed` tells Relax that the results alias
+    the mutated arguments; the function returns them (a `tvm::ffi::Tuple` for several).
+    """
+    from tvm import relax
+    from tvm.relax.frontend.nn import op
+
+    exprs = [relax.prim_value(a) if isinstance(a, (int, float)) else a._expr  # noqa: SLF001
+             for a in [*args, *mutated]]
+    types = [t._expr.ty for t in mutated]  # noqa: SLF001 (nn.Tensor's expr)
+    call = relax.op.call_inplace_packed(
+        symbol, *exprs, inplace_indices=list(range(len(args), len(args) + len(mutated))),
+        ty_args=[relax.TupleType(types) if len(types) > 1 else types[0]],
+    )
+    return op.wrap_nested(call, name=symbol)

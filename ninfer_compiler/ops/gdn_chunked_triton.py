@@ -314,7 +314,7 @@ def gdn_chunked(q, k, v, g, beta, state, slot_ids, seq_lens, layer: int):
     from tvm.relax.frontend import nn
     from tvm.relax.frontend.nn import op
 
-    from .cuda_extern import current_arch, extern
+    from .cuda_extern import current_arch, extern, inplace_call
 
     hk, dk = int(q.shape[2]), int(q.shape[3])
     hv, dv = int(v.shape[2]), int(v.shape[3])
@@ -335,22 +335,3 @@ def gdn_chunked(q, k, v, g, beta, state, slot_ids, seq_lens, layer: int):
     ws = module[prep_symbol](q, k, v, g, beta)
     o = op.empty(v.shape, dtype, name="gdn_o")
     return inplace_call(state_symbol, [q, k, g, ws, slot_ids, seq_lens, int(layer)], [o, state])
-
-
-def inplace_call(symbol: str, args: list, mutated: list):
-    """Call the packed function `symbol(*args, *mutated)`, which writes `mutated` and returns them.
-
-    Why not `module[symbol](...)`: that is destination-passing (a fresh output), while the state
-    must be updated where it lives. `call_inplace_packed` tells Relax that the results alias
-    the mutated arguments; the function returns them (a `tvm::ffi::Tuple` for several).
-    """
-    from tvm import relax
-    from tvm.relax.frontend.nn import op
-
-    exprs = [relax.prim_value(a) if isinstance(a, int) else a._expr for a in [*args, *mutated]]  # noqa: SLF001
-    types = [t._expr.ty for t in mutated]  # noqa: SLF001 (nn.Tensor's expr)
-    call = relax.op.call_inplace_packed(
-        symbol, *exprs, inplace_indices=list(range(len(args), len(args) + len(mutated))),
-        ty_args=[relax.TupleType(types) if len(types) > 1 else types[0]],
-    )
-    return op.wrap_nested(call, name=symbol)

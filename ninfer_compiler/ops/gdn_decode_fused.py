@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-import tvm
-from tvm import relax
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 from .common import tuned_cuda_kernels
-from .cuda_extern import current_arch, extern
+from .cuda_extern import current_arch, extern, inplace_call
 from .gdn_gates import SOFTPLUS_THRESHOLD
 from .triton_aot import KernelImage, compile_kernel
 
@@ -96,10 +94,12 @@ LAUNCHER = r"""
 #include "ninfer_cuda.h"
 namespace {
 using tvm::ffi::TensorView;
-// In place: `state` and `out` are both written (the call is call_inplace_packed over them).
-void gdn_decode(TensorView mixed, TensorView a, TensorView b, TensorView a_log, TensorView dt_bias,
-                TensorView z, TensorView norm_w, TensorView state, TensorView slots, TensorView lens,
-                int64_t layer, double eps, TensorView out) {
+// In place: `state` and `out` are both written; as call_inplace_packed requires, the function
+// returns them (the VM binds its results to what the call returns).
+tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor> gdn_decode(
+    TensorView mixed, TensorView a, TensorView b, TensorView a_log, TensorView dt_bias, TensorView z,
+    TensorView norm_w, TensorView slots, TensorView lens, int64_t layer, double eps, tvm::ffi::Tensor out,
+    tvm::ffi::Tensor state) {
   const int64_t batch = mixed.shape()[0];
   TVM_FFI_ICHECK(state.ndim() == 5 && state.shape()[2] == HV_ && state.shape()[3] == DK_ && state.shape()[4] == DV_)
       << "ninfer_gdn_decode: state shape";
@@ -116,6 +116,7 @@ void gdn_decode(TensorView mixed, TensorView a, TensorView b, TensorView a_log, 
                       {&p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8], &p[9], &p[10],
                        &layer32, &num_slots, &eps32},
                       mixed.device().device_id);
+  return tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor>(out, state);
 }
 }  // namespace
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(SYMBOL_, gdn_decode);
@@ -146,17 +147,7 @@ def gdn_decode_fused(
                 .replace("KERNEL_", f'"{img.name}"').replace("SYMBOL_", symbol))
     # registers the launcher library with the export (the call itself is emitted below)
     extern(key, {symbol: lambda *args: args[-1]}, launcher, [img])
-    bsz = mixed.shape[0]
-    out = op.empty([bsz, 1, hv * dv], "bfloat16", name="gdn_decode_out")
-    args = [mixed, a, b, a_log, dt_bias, z, norm_w, gdn_state, slot_ids, seq_lens]
-    call = relax.op.call_inplace_packed(
-        relax.ExternFunc(symbol),
-        *[t._expr for t in args],  # noqa: SLF001 (nn.Tensor's Relax expression)
-        relax.prim_value(tvm.tirx.IntImm("int64", layer)),
-        relax.prim_value(tvm.tirx.FloatImm("float64", eps)),
-        out._expr,  # noqa: SLF001
-        inplace_indices=[12, 7],
-        ty_args=[out._expr.ty, gdn_state._expr.ty],  # noqa: SLF001
-    )
-    result = op.wrap_nested(call, name="gdn_decode")
+    out = op.empty([mixed.shape[0], 1, hv * dv], "bfloat16", name="gdn_decode_out")
+    result = inplace_call(symbol, [mixed, a, b, a_log, dt_bias, z, norm_w, slot_ids, seq_lens, layer, eps],
+                          [out, gdn_state])
     return result[0], result[1]

@@ -127,7 +127,7 @@ def test_inplace_call_aliases_the_state_on_the_vm():
     from tvm.relax.frontend.nn import op
 
     from ninfer_compiler.build import compile_module, load_vm
-    from ninfer_compiler.ops.gdn_chunked_triton import inplace_call
+    from ninfer_compiler.ops.cuda_extern import inplace_call
 
     def fn(x, state):
         module = nn.SourceModule({"ninfer_test_inplace_step": lambda *a: None}, INPLACE_SOURCE, "cpp",
