@@ -4,8 +4,8 @@
 Two steps, because a 15 GB artifact cannot be shipped to the GPU machine but can be rebuilt there
 bit for bit (`ninfer synth` output, including its artifact_id, is a function of its arguments):
 
-    # build machine (project venv; writes the artifact to --artifact, ~15 GB, and stages ~25 MiB):
-    .venv/bin/python tests/gpu/bench_27b.py prepare --artifact /tmp/perf/27b.ninfer
+    # build machine (project venv; writes the artifacts under --folder, ~15 GB each, and stages ~30 MiB):
+    .venv/bin/python tests/gpu/bench_27b.py prepare --folder /tmp/perf --recipes groupwise-int,nvfp4
     # GPU machine, repository + .cache/ninfer/perf-27b copied over:
     python3 tests/gpu/bench_27b.py run --out $OUT
 
@@ -29,27 +29,39 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGE = ROOT / ".cache" / "ninfer" / "perf-27b"
-LIKE, RECIPE, SEED = "qwen3.6-27b", "groupwise-int", 0
+LIKE, SEED = "qwen3.6-27b", 0
+RECIPES = ("groupwise-int", "nvfp4")
 MAX_CONTEXT, PREFILL_CHUNK = 65536 + 1024, 8192  # the issue's 7,680- and 65,536-token prompts
 
 
-def prepare(artifact: Path) -> None:
+def artifact_path(folder: Path, recipe: str) -> Path:
+    return folder / ("27b.ninfer" if recipe == "groupwise-int" else f"27b-{recipe}.ninfer")
+
+
+def package_dir(recipe: str) -> Path:
+    return STAGE / ("pkg" if recipe == "groupwise-int" else f"pkg-{recipe}")
+
+
+def prepare(folder: Path, recipes: list[str]) -> None:
     sys.path.insert(0, str(ROOT / "tests" / "gpu"))
     from check_h200_tiny import _stage_runtime
 
     from ninfer_compiler.compile import CompileOptions, compile_artifact
     from ninfer_compiler.convert.synth import _tokenizer_resources, synthesize
 
-    shutil.rmtree(STAGE, ignore_errors=True)
-    STAGE.mkdir(parents=True)
+    STAGE.mkdir(parents=True, exist_ok=True)
+    for old in STAGE.glob("pkg*"):
+        shutil.rmtree(old)
     resources = _tokenizer_resources()
     (STAGE / "resources.json").write_text(json.dumps({k: v.decode() for k, v in resources.items()}))
-    if not artifact.exists():
-        synthesize(artifact, LIKE, RECIPE, seed=SEED, resources=resources)
-    start = time.perf_counter()
-    report = compile_artifact(artifact, STAGE / "pkg", CompileOptions(target="h200", max_context=MAX_CONTEXT,
-                                                                      prefill_chunk=PREFILL_CHUNK, max_batch=8))
-    print(f"compiled in {time.perf_counter() - start:.1f} s: {report.stage_seconds}", flush=True)
+    for recipe in recipes:
+        artifact = artifact_path(folder, recipe)
+        if not artifact.exists():
+            synthesize(artifact, LIKE, recipe, seed=SEED, resources=resources)
+        start = time.perf_counter()
+        report = compile_artifact(artifact, package_dir(recipe), CompileOptions(
+            target="h200", max_context=MAX_CONTEXT, prefill_chunk=PREFILL_CHUNK, max_batch=8))
+        print(f"{recipe}: compiled in {time.perf_counter() - start:.1f} s: {report.stage_seconds}", flush=True)
     _stage_runtime(STAGE)
     print(f"staged {STAGE}")
 
@@ -90,33 +102,47 @@ def _matmul_rate() -> float:
     return 2 * n**3 / times[len(times) // 2] / 1e12
 
 
+def _synthesize_in_background(recipe: str) -> subprocess.Popen:
+    """Rebuild the artifact on this machine (bit-identical to the build machine's) in a child."""
+    code = ("import json, pathlib; from ninfer_compiler.convert.synth import synthesize; "
+            f"r = json.loads(pathlib.Path('{STAGE}/resources.json').read_text()); "
+            f"synthesize('{artifact_path(Path('/tmp'), recipe)}', '{LIKE}', '{recipe}', seed={SEED}, "
+            "resources={k: v.encode() for k, v in r.items()})")
+    return subprocess.Popen([sys.executable, "-c", code], cwd="/tmp")
+
+
 def run_inner(out: Path) -> int:
     rate = float(subprocess.run([sys.executable, "-c", "import bench_27b; print(bench_27b._matmul_rate())"],
                         cwd=str(Path(__file__).parent), capture_output=True, text=True,
                         env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TVM_USE_RUNTIME_LIB")}
                         ).stdout.strip() or "nan")
-    from ninfer_compiler.convert.synth import synthesize
+    print(f"bf16 matmul (torch, 8192^3): {rate:.0f} TFLOP/s", flush=True)
     from ninfer_runtime.bench import run_bench
     from ninfer_runtime.runner import ModelRunner, RunnerOptions
 
-    artifact = Path("/tmp/perf-27b.ninfer")
-    if not artifact.exists():
-        resources = {k: v.encode() for k, v in json.loads((STAGE / "resources.json").read_text()).items()}
-        start = time.perf_counter()
-        synthesize(artifact, LIKE, RECIPE, seed=SEED, resources=resources)
-        print(f"synthesized {artifact} in {time.perf_counter() - start:.1f} s", flush=True)
+    recipes = [r for r in RECIPES if (package_dir(r) / "manifest.json").exists()]
     start = time.perf_counter()
-    runner = ModelRunner(STAGE / "pkg", artifact=artifact, options=RunnerOptions(max_active=8, context_bytes=24 << 30))
-    print(f"loaded in {time.perf_counter() - start:.1f} s", flush=True)
-    report = run_bench(runner, prompt_len=PROMPT_LEN, decode_tokens=32, concurrency=[1, 2, 4, 8], repeats=3)
-    results = {"bf16_matmul_tflops": rate, "bench": report.as_json()}
-    print(report.table(), flush=True)
-    if LONG_PROMPT:
-        long = run_bench(runner, prompt_len=LONG_PROMPT, decode_tokens=32, concurrency=[], repeats=1, warmup=0)
-        results["long_prompt"] = long.as_json()
-        print(long.table(), flush=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"bf16 matmul (torch, 8192^3): {rate:.0f} TFLOP/s")
+    jobs = {r: _synthesize_in_background(r) for r in recipes if not artifact_path(Path("/tmp"), r).exists()}
+    results: dict = {"bf16_matmul_tflops": rate}
+    for recipe in recipes:
+        if recipe in jobs and jobs[recipe].wait() != 0:
+            print(f"{recipe}: synthesis failed", flush=True)
+            continue
+        print(f"{recipe}: artifact ready after {time.perf_counter() - start:.1f} s", flush=True)
+        t0 = time.perf_counter()
+        runner = ModelRunner(package_dir(recipe), artifact=artifact_path(Path("/tmp"), recipe),
+                             options=RunnerOptions(max_active=8, context_bytes=24 << 30))
+        print(f"{recipe}: loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+        report = run_bench(runner, prompt_len=PROMPT_LEN, decode_tokens=32, concurrency=[1, 2, 4, 8], repeats=3)
+        entry = {"bench": report.as_json()}
+        print(f"== {recipe}\n{report.table()}", flush=True)
+        if LONG_PROMPT:
+            long = run_bench(runner, prompt_len=LONG_PROMPT, decode_tokens=32, concurrency=[1], repeats=1, warmup=0)
+            entry["long_prompt"] = long.as_json()
+            print(f"== {recipe}, long prompt\n{long.table()}", flush=True)
+        results[recipe] = entry
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        del runner
     return 0
 
 
@@ -127,11 +153,12 @@ LONG_PROMPT = int(os.environ.get("NINFER_BENCH_LONG_PROMPT", "65536"))  # 0 skip
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=["prepare", "run", "run-inner"])
-    parser.add_argument("--artifact", type=Path, default=Path("/tmp/perf/27b.ninfer"))
+    parser.add_argument("--folder", type=Path, default=Path("/tmp/perf"), help="prepare: where the artifacts are written")
+    parser.add_argument("--recipes", default=",".join(RECIPES), help="prepare: comma-separated recipes")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/perf-out")))
     args = parser.parse_args()
     if args.step == "prepare":
-        prepare(args.artifact)
+        prepare(args.folder, args.recipes.split(","))
         return 0
     if args.step == "run":
         return run_outer(args.out)

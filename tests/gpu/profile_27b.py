@@ -306,13 +306,6 @@ def run_outer(out: Path, artifact: Path, full: bool, names: list[str] | None = N
     work.mkdir(parents=True, exist_ok=True)
     env = _env()
     me = str(Path(__file__).resolve())
-    full_proc = None
-    if full and not Path("/tmp/perf-27b.ninfer").exists():  # for bench_27b.py, built while the proxy runs
-        full_proc = subprocess.Popen([sys.executable, "-c", (
-            "import json, pathlib; from ninfer_compiler.convert.synth import synthesize; "
-            f"r = json.loads(pathlib.Path('{RUNTIME_STAGE}/resources.json').read_text()); "
-            "synthesize('/tmp/perf-27b.ninfer', 'qwen3.6-27b', 'groupwise-int', seed=0, "
-            "resources={k: v.encode() for k, v in r.items()})")], env=env, cwd="/tmp")
     if not artifact.exists():
         start = time.perf_counter()
         subprocess.run([sys.executable, "-c", "from ninfer_compiler.convert.synth import synthesize; "
@@ -360,13 +353,9 @@ def run_outer(out: Path, artifact: Path, full: bool, names: list[str] | None = N
             summary.setdefault("compare", {})[f"{names[0]}-{other}:{key}"] = {"rel": rel, "argmax_agree": same}
             print(f"logits {names[0]} vs {other} {key}: rel {rel:.2e}, argmax agree {same:.2f}", flush=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    if full:
-        start = time.perf_counter()
-        rc = full_proc.wait() if full_proc is not None else 0
-        print(f"27B artifact ready (rc {rc}, waited {time.perf_counter() - start:.1f} s)", flush=True)
-        if rc == 0:
-            subprocess.run([sys.executable, str(Path(__file__).with_name("bench_27b.py")), "run-inner",
-                            "--out", str(out)], env=env, cwd="/tmp", timeout=int(os.environ.get("NINFER_FULL_TIMEOUT", "420")))
+    if full:  # bench_27b.py rebuilds the 27B artifacts itself
+        subprocess.run([sys.executable, str(Path(__file__).with_name("bench_27b.py")), "run-inner",
+                        "--out", str(out)], env=env, cwd="/tmp", timeout=int(os.environ.get("NINFER_FULL_TIMEOUT", "420")))
     return 0
 
 
