@@ -37,7 +37,7 @@ ARCHS = ("sm_90a", "sm_120a", "sm_121a")
 # Tile shape (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim. Hopper (wgmma, 227 KiB of
 # shared memory per block) and the sm_12x parts (mma.sync, ~99 KiB) differ. On the H200 at head dim
 # 256, 128x64 with 8 warps and 2 stages (192 KiB) beat 128x32/8/3, 64x32/4/3 and 64x64/4/2 in every
-# case measured (docs/kernel-notes-attention-prefill.md); the other head dims and the sm_12x tiles
+# case measured (docs/kernels/attention-prefill.md); the other head dims and the sm_12x tiles
 # are only sized to fit, not measured.
 CONFIGS_SM90: dict[int, tuple[int, int, int, int]] = {
     64: (128, 64, 4, 3),

@@ -19,7 +19,7 @@ layer for 1,024 tokens. Here the work splits by what depends on the recurrent st
 The math, chunk boundaries (chunks start at each call's first token), in-place state update and
 `seq_lens == 0` reset are those of `gated_delta_rule.gdn_chunked_func`. Matrix products use
 `tl.dot` with `input_precision` `PRECISION` (fp32 operands; tf32x3 keeps fp32-level accuracy on
-tensor cores, see docs/kernel-notes-gdn.md).
+tensor cores, see docs/kernels/gdn-chunked.md).
 """
 
 from __future__ import annotations

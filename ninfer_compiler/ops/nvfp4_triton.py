@@ -18,7 +18,7 @@ exact reference.
 
 `K` is passed as `K64 = K / 64` (the layout guarantees `K % 64 == 0`) so the compiler knows row
 strides are multiples of 32 bytes and vectorizes the plane loads. The tile constants below are the
-best of the configs measured on the H200 (docs/kernel-notes-nvfp4.md).
+best of the configs measured on the H200 (docs/kernels/nvfp4.md).
 """
 
 from __future__ import annotations

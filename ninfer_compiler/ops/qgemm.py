@@ -39,7 +39,7 @@ class Config:
 def configs(arch: str, bits: int) -> tuple[Config, Config | None]:
     """`(narrow, wide)` tile configs for `arch`; wide is None where one config serves all M.
 
-    Measured on the H200 (docs/kernel-notes-qgemm.md): 256 tokens x 128 rows is best once the
+    Measured on the H200 (docs/kernels/prefill-gemm.md): 256 tokens x 128 rows is best once the
     grid fills the GPU (3 stages for q4/q8, 4 for q5/q6), 128 x 128 with 4 stages below that.
     sm_120/121 have ~100 KB of shared memory per block, so they get 128 x 128 with 3 stages only
     (not measured on those GPUs).
