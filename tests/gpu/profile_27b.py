@@ -263,7 +263,8 @@ def _is_once(launches: list[dict], i: int) -> bool:
     name = launches[i]["name"]
     if name.startswith(("dequant_embedding", "embedding", "last_token")):
         return True
-    matmuls = [j for j, k in enumerate(launches) if "matmul" in k["name"] or "dense_nt" in k["name"]]
+    matmuls = [j for j, k in enumerate(launches)
+               if any(tag in k["name"] for tag in ("matmul", "dense_nt", "qgemv", "qgemm", "gemv", "gemm"))]
     return bool(matmuls) and i == matmuls[-1]
 
 
