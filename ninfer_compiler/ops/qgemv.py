@@ -6,8 +6,8 @@ fatbin with SASS for exactly the target's arch (no PTX, cached like TVM's kernel
 bytes into a small C++ launcher (`qgemv_host.cc`, driver API) and linked into the package as an
 `nn.SourceModule`; `codegen.fatbin.inspect_library` sees its fatbin like TVM's own.
 
-Two externs: `ninfer_qgemv` (grouped-int planes: v3 tensor-core kernels for q4/q5/q6 with bf16
-activations, v2 otherwise) and `ninfer_dense_gemv` (bf16 weights of small-N decode projections such
+Two externs: `ninfer_qgemv` (grouped-int planes: v4/v3 tensor-core kernels for q4/q5/q6 with bf16
+activations, v2 for q8, fp32 and small batch-1 projections; the launcher picks per shape and batch) and `ninfer_dense_gemv` (bf16 weights of small-N decode projections such
 as the GDN gates, which dlight runs in 1-2 blocks). The second is the same sources built with
 `NINFER_GEMV_DENSE_ONLY`, so a package carries only the kernels it calls.
 """
@@ -33,6 +33,7 @@ SYMBOL = "ninfer_qgemv"
 DENSE_SYMBOL = "ninfer_dense_gemv"
 DENSE_MAX_ROWS = 256  # one block per row: small N only (cuBLAS-level or better up to ~256 rows; see notes)
 MAX_ROWS = 8  # decode batch rows per weight read (larger batches loop in the launcher)
+V4_STAGES = {4: 2, 5: 2, 6: 2}  # v4 ring depth per format (NINFER_V4_STAGES_Q* in both sources)
 
 
 def supported(x: nn.Tensor, rows: int, in_features: int) -> bool:

@@ -5,6 +5,9 @@
 //   and runs `mma.sync m16n8k16` (A = 16 rows x 16 k of integer codes, exact in bf16; B = 16 k x 8
 //   batch rows), so the batch costs nothing extra and a weight costs ~1.4 (q4) to ~2.4 (q5/q6)
 //   integer ops. Details at `v3_body`.
+// * v4 (`ninfer_qgemv4_q{4,5,6}_y{bf16,f32}`): v3's math with the weight planes streamed through a
+//   per-warp shared-memory ring by cp.async (bytes in flight no longer cost registers). Details at
+//   `v4_body`; the launcher uses it from 16 Mi weights up.
 // * v2 (`ninfer_qgemv_q*_b*_{bf16,f32}`): SIMT, kept for q8 and fp32 activations.
 // * dense (`ninfer_dense_bf16_b*`): bf16 weights [N, K] for small-N decode projections (the GDN
 //   gates, N = 48), one block per row so that N = 48 still spreads over 48 SMs. Built alone (with
@@ -404,6 +407,263 @@ NINFER_QGEMV3(6, __nv_bfloat16, bf16)
 NINFER_QGEMV3(4, float, f32)  // fp32 output: lets the GPU check see fp32-level error
 NINFER_QGEMV3(5, float, f32)
 NINFER_QGEMV3(6, float, f32)
+
+// ------------------------------------------------------------------------------------------------
+// v4: v3's tensor-core math with the weight planes streamed through shared memory by cp.async.
+//
+// Why: v3 at batch 1 reached 21-64% of the H200's bandwidth because only a few 8-byte loads per
+// thread were in flight (~20 KB per SM at 80-95 registers); prefetching into registers cost
+// occupancy. Here each warp owns a ring of STAGES stages in shared memory; a stage is 4 groups
+// (256 k) of its 16 rows: 16 x 128 B of `base`, 16 x 4 x HB of `high` and 16 x 8 B of scales,
+// copied with 16-byte `cp.async.cg` (4-byte `cp.async.ca` for the scales). STAGES - 1 stages are
+// in flight while one is computed, so bytes in flight no longer depend on registers (q4: 2,176 B
+// per stage). The default depth is 2 (double buffering): on the H200 deeper rings lost more to
+// occupancy (shared memory) than they gained (docs/kernels/decode-gemv-v4.md). Warps sync only
+// with `__syncwarp` (each warp has its own ring). Fragments and math are v3's (`v3_pair`,
+// `high_word`, `mma_bf16`); the bytes a thread reads are the same, only fetched from shared memory,
+// with an XOR swizzle of the 16-byte pieces so that the 8 rows of a fragment load hit distinct
+// banks (tests/compiler/ops/test_qgemv_v4.py replays both index maps). Activations are read through
+// L1 as in v3. K is split in stage units (needs K % 256 == 0) over `ks` warps of a block (summed
+// through the ring's memory at the end); blocks have max(4, ks) warps, dynamic shared memory
+// warps x STAGES x stage bytes (up to 51 KB at depth 2: opted in with cuFuncSetAttribute by the
+// launcher). NINFER_V4_XSTAGE > 0 also copies that many activation rows into each stage (measured
+// variant, not the default); NINFER_V4_DIAG builds are for measurements only (wrong results).
+// ------------------------------------------------------------------------------------------------
+#ifndef NINFER_V4_STAGES_Q4
+#define NINFER_V4_STAGES_Q4 2
+#endif
+#ifndef NINFER_V4_STAGES_Q5
+#define NINFER_V4_STAGES_Q5 2
+#endif
+#ifndef NINFER_V4_STAGES_Q6
+#define NINFER_V4_STAGES_Q6 2
+#endif
+#ifndef NINFER_V4_XSTAGE  // batch rows of activations copied into each stage (others: read through L1)
+#define NINFER_V4_XSTAGE 0
+#endif
+#ifndef NINFER_V4_DIAG  // measurement builds only: 1 = loads without the math, 2 = math without activation loads
+#define NINFER_V4_DIAG 0
+#endif
+#ifdef NINFER_V4_MIN_BLOCKS  // 8-warp blocks per SM that ptxas must fit (4: at most 64 registers)
+#define NINFER_V4_BOUNDS __launch_bounds__(V4_MAX_WARPS * 32, NINFER_V4_MIN_BLOCKS)
+#else
+#define NINFER_V4_BOUNDS __launch_bounds__(V4_MAX_WARPS * 32)
+#endif
+#ifndef NINFER_V4_CP_HINT  // e.g. ".L2::256B" (an L2 prefetch size for the 16-byte copies)
+#define NINFER_V4_CP_HINT ""
+#endif
+namespace {
+
+constexpr int V4_MAX_WARPS = 8;
+
+template <int BITS>
+struct V4 {
+  static constexpr uint32_t HB = BITS == 5 ? 8u : (BITS == 6 ? 16u : 0u);  // high bytes per group
+  static constexpr uint32_t BASE = 16u * 128u;                             // 16 rows x 4 groups x 32 B
+  static constexpr uint32_t HIGH = 16u * 4u * HB;
+  static constexpr uint32_t XOFF = BASE + HIGH + 16u * 8u;                 // + 16 rows x 4 fp16 scales
+  static constexpr uint32_t XS = NINFER_V4_XSTAGE;
+  static constexpr uint32_t STAGE = XOFF + XS * 512u;                      // + XS rows x 256 bf16
+  static constexpr uint32_t STAGES = BITS == 4 ? NINFER_V4_STAGES_Q4 : (BITS == 5 ? NINFER_V4_STAGES_Q5 : NINFER_V4_STAGES_Q6);
+};
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global" NINFER_V4_CP_HINT " [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Copies stage `u` (groups 4u..4u+3) of rows row0..row0+15 into the ring slot at shared address
+// `dst`. Piece p (16 B) of base row r lands at piece p ^ 2(r % 4); high pieces are swizzled the same
+// way for their row length (see v4_stage), scales are not.
+template <int BITS>
+__device__ __forceinline__ void v4_issue(uint32_t dst, const uint8_t* __restrict__ base,
+                                         const uint8_t* __restrict__ high, const __half* __restrict__ scales,
+                                         const __nv_bfloat16* __restrict__ x, uint32_t k, uint32_t b_rows,
+                                         uint32_t row0, uint32_t groups, uint32_t u, uint32_t lane) {
+  const uint32_t gi0 = 4u * u;
+#pragma unroll
+  for (uint32_t j = 0; j < V4<BITS>::XS; ++j)
+    if (j < b_rows) cp_async16(dst + V4<BITS>::XOFF + j * 512u + lane * 16u, x + j * k + gi0 * 64u + lane * 8u);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t i = j * 32u + lane, r = i >> 3, p = i & 7u;
+    cp_async16(dst + r * 128u + ((p ^ ((r & 3u) << 1)) << 4), base + (row0 + r) * (groups * 32u) + gi0 * 32u + p * 16u);
+  }
+  if (BITS == 5) {
+    const uint32_t r = lane >> 1, p = lane & 1u;
+    cp_async16(dst + V4<5>::BASE + r * 32u + ((p ^ ((r >> 2) & 1u)) << 4),
+               high + (row0 + r) * (groups * 8u) + gi0 * 8u + p * 16u);
+  }
+  if (BITS == 6) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint32_t i = j * 32u + lane, r = i >> 2, p = i & 3u;
+      cp_async16(dst + V4<6>::BASE + r * 64u + ((p ^ ((r >> 1) & 3u)) << 4),
+                 high + (row0 + r) * (groups * 16u) + gi0 * 16u + p * 16u);
+    }
+  }
+  const uint32_t r = lane >> 1, p = lane & 1u;
+  cp_async4(dst + V4<BITS>::BASE + V4<BITS>::HIGH + r * 8u + p * 4u, scales + (row0 + r) * groups + gi0 + 2u * p);
+}
+
+// The 4 groups of one stage (at `s`, generic pointer to shared memory) into acc, as v3 does per group.
+template <int BITS>
+__device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* xr, bool has_x, uint32_t u,
+                                         uint32_t g, uint32_t c, float* acc) {
+  constexpr uint32_t BASE = V4<BITS>::BASE, HIGH = V4<BITS>::HIGH;
+  uint4 xv[4][2];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    if (NINFER_V4_DIAG == 2) {
+      xv[q][0] = xv[q][1] = make_uint4(0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u);
+    } else if (has_x && g < V4<BITS>::XS) {  // this batch row was staged with the weights
+      const uint4* xs = reinterpret_cast<const uint4*>(s + V4<BITS>::XOFF + g * 512u + q * 128u + c * 32u);
+      xv[q][0] = xs[0];
+      xv[q][1] = xs[1];
+    } else if (has_x) {
+      const uint4* xp = reinterpret_cast<const uint4*>(xr + (4u * u + q) * 64u);
+      xv[q][0] = __ldg(xp);
+      xv[q][1] = __ldg(xp + 1);
+    } else {
+      xv[q][0] = xv[q][1] = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  const __half2* sc = reinterpret_cast<const __half2*>(s + BASE + HIGH);
+  const __half2 sca01 = sc[2u * g], sca23 = sc[2u * g + 1u], scb01 = sc[2u * g + 16u], scb23 = sc[2u * g + 17u];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    // rows g and g + 8 share the swizzle (it depends on r % 4, r / 2 % 4 and r / 4 % 2 only)
+    const uint32_t boff = ((((2u * q) + (c >> 1)) ^ ((g & 3u) << 1)) << 4) + (c & 1u) * 8u;
+    const uint2 wa = *reinterpret_cast<const uint2*>(s + g * 128u + boff);
+    const uint2 wb = *reinterpret_cast<const uint2*>(s + (g + 8u) * 128u + boff);
+    uint32_t hva = 0u, hvb = 0u;
+    if (BITS == 5) {
+      const uint32_t hoff = BASE + ((((q >> 1)) ^ ((g >> 2) & 1u)) << 4) + (q & 1) * 8u + c * 2u;
+      hva = *reinterpret_cast<const unsigned short*>(s + hoff + g * 32u);
+      hvb = *reinterpret_cast<const unsigned short*>(s + hoff + (g + 8u) * 32u);
+    }
+    if (BITS == 6) {
+      const uint32_t hoff = BASE + ((q ^ ((g >> 1) & 3u)) << 4) + c * 4u;
+      hva = *reinterpret_cast<const uint32_t*>(s + hoff + g * 64u);
+      hvb = *reinterpret_cast<const uint32_t*>(s + hoff + (g + 8u) * 64u);
+    }
+    const uint4 x0 = xv[q][0], x1 = xv[q][1];
+    if (NINFER_V4_DIAG == 1) {  // every loaded word feeds the result, no conversion, no MMA
+      acc[q] += __uint_as_float((wa.x ^ wb.y ^ hva ^ x0.x ^ x1.w) & 0x3FFFFFFFu) +
+                __uint_as_float((wa.y ^ wb.x ^ hvb ^ x0.z ^ x1.y) & 0x3FFFFFFFu) * __low2float(q < 2 ? sca01 : scb23);
+      continue;
+    }
+    const uint32_t fa0 = high_word<BITS>(hva, 0), fa1 = high_word<BITS>(hva, 1);
+    const uint32_t fb0 = high_word<BITS>(hvb, 0), fb1 = high_word<BITS>(hvb, 1);
+    float t[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const uint32_t sel = (m & 1) ? 0x7632u : 0x5410u;
+      const uint32_t b0 = __byte_perm(m < 2 ? x0.x : x0.y, m < 2 ? x0.z : x0.w, sel);
+      const uint32_t b1 = __byte_perm(m < 2 ? x1.x : x1.y, m < 2 ? x1.z : x1.w, sel);
+      mma_bf16(t, v3_pair<BITS>(wa.x, fa0, m, 0), v3_pair<BITS>(wb.x, fb0, m, 0), v3_pair<BITS>(wa.y, fa1, m, 1),
+               v3_pair<BITS>(wb.y, fb1, m, 1), b0, b1);
+    }
+    const __half2 ha = q < 2 ? sca01 : sca23, hb = q < 2 ? scb01 : scb23;
+    const float s_a = (q & 1) ? __high2float(ha) : __low2float(ha);
+    const float s_b = (q & 1) ? __high2float(hb) : __low2float(hb);
+    acc[0] = fmaf(t[0], s_a, acc[0]);
+    acc[1] = fmaf(t[1], s_a, acc[1]);
+    acc[2] = fmaf(t[2], s_b, acc[2]);
+    acc[3] = fmaf(t[3], s_b, acc[3]);
+  }
+}
+
+template <int BITS, typename TY>
+__device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ base,
+                                        const uint8_t* __restrict__ high, const __half* __restrict__ scales,
+                                        TY* __restrict__ y, uint32_t n_rows, uint32_t k, uint32_t b_rows,
+                                        uint32_t ks) {
+  constexpr uint32_t STAGE = V4<BITS>::STAGE, STAGES = V4<BITS>::STAGES;
+  extern __shared__ __align__(16) uint8_t v4_smem[];
+
+  const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+  const uint32_t g = lane >> 2, c = lane & 3u;
+  const uint32_t slots = (blockDim.x >> 5) / ks;
+  const uint32_t kpart = warp / slots, slot = warp % slots;
+  const uint32_t row0 = (blockIdx.x * slots + slot) * 16u;
+  const uint32_t groups = k >> 6, units = k >> 8;
+  const uint32_t ubeg = kpart * units / ks, uend = (kpart + 1u) * units / ks, n_units = uend - ubeg;
+  uint8_t* ring = v4_smem + warp * (STAGES * STAGE);
+  const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  if (row0 < n_rows) {
+    const bool has_x = g < b_rows;
+    const __nv_bfloat16* xr = x + g * k + c * 16u;
+#pragma unroll
+    for (uint32_t i = 0; i + 1u < STAGES; ++i) {
+      if (i < n_units) v4_issue<BITS>(ring_s + i * STAGE, base, high, scales, x, k, b_rows, row0, groups, ubeg + i, lane);
+      cp_async_commit();
+    }
+    for (uint32_t i = 0; i < n_units; ++i) {
+      cp_async_wait<STAGES - 2>();  // this thread's copies of stage i have landed
+      __syncwarp();                 // ... and every lane's; also: stage i - 1 is no longer read
+      const uint32_t next = i + STAGES - 1u;
+      if (next < n_units)
+        v4_issue<BITS>(ring_s + (next % STAGES) * STAGE, base, high, scales, x, k, b_rows, row0, groups, ubeg + next, lane);
+      cp_async_commit();
+      v4_stage<BITS>(ring + (i % STAGES) * STAGE, xr, has_x, ubeg + i, g, c, acc);
+    }
+    cp_async_wait<0>();
+  }
+  // D: acc[0..1] = row g, batch cols 2c, 2c + 1; acc[2..3] = row g + 8, same cols
+  if (ks == 1) {
+    if (row0 < n_rows) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t row = row0 + g + (i >> 1) * 8u, col = 2u * c + (i & 1);
+        if (col < b_rows) store_v3(y + col * n_rows + row, acc[i]);
+      }
+    }
+    return;
+  }
+  __syncthreads();  // every warp is done with its ring: reuse it for the K-split partial sums
+  float* part = reinterpret_cast<float*>(v4_smem);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) part[warp * 128u + (g + (i >> 1) * 8u) * 8u + 2u * c + (i & 1)] = acc[i];
+  __syncthreads();
+  for (uint32_t t = threadIdx.x; t < slots * 128u; t += blockDim.x) {
+    const uint32_t s = t >> 7, rb = t & 127u, r = rb >> 3, col = rb & 7u;
+    const uint32_t row = (blockIdx.x * slots + s) * 16u + r;
+    if (row >= n_rows || col >= b_rows) continue;
+    float v = 0.f;
+    for (uint32_t p = 0; p < ks; ++p) v += part[(p * slots + s) * 128u + rb];
+    store_v3(y + col * n_rows + row, v);
+  }
+}
+
+}  // namespace
+
+#define NINFER_QGEMV4(BITS, TY, TAG)                                                                 \
+  extern "C" __global__ void NINFER_V4_BOUNDS                                                         \
+      ninfer_qgemv4_q##BITS##_y##TAG(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, \
+                                     const __half* scales, TY* y, uint32_t n_rows, uint32_t k,        \
+                                     uint32_t b_rows, uint32_t ks) {                                  \
+    v4_body<BITS, TY>(x, base, high, scales, y, n_rows, k, b_rows, ks);                               \
+  }
+
+NINFER_QGEMV4(4, __nv_bfloat16, bf16)
+NINFER_QGEMV4(5, __nv_bfloat16, bf16)
+NINFER_QGEMV4(6, __nv_bfloat16, bf16)
+NINFER_QGEMV4(4, float, f32)  // fp32 output: lets the GPU check see fp32-level error
+NINFER_QGEMV4(5, float, f32)
+NINFER_QGEMV4(6, float, f32)
 #endif  // NINFER_GEMV_DENSE_ONLY
 
 // ------------------------------------------------------------------------------------------------

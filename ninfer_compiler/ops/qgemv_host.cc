@@ -1,7 +1,7 @@
 // Host side of ninfer's decode GEMVs (qgemv_cuda.cu): launches the AOT-compiled SASS that the
 // build embeds as NINFER_QGEMV_FATBIN through the CUDA driver API, looked up with dlopen.
-// Built twice by ops/qgemv.py: the grouped-int launcher (`ninfer_qgemv`: v3 tensor-core kernels for
-// q4/q5/q6 with bf16 activations, v2 for q8 and fp32) and, with NINFER_GEMV_DENSE_ONLY, the bf16
+// Built twice by ops/qgemv.py: the grouped-int launcher (`ninfer_qgemv`: v4/v3 tensor-core kernels
+// for q4/q5/q6 with bf16 activations, v2 for q8 and fp32) and, with NINFER_GEMV_DENSE_ONLY, the bf16
 // weight launcher (`ninfer_dense_gemv`), so that a package carries only the kernels it calls.
 //
 // Why the driver API: this file is plain C++, so the same source builds for the x86_64 and the
@@ -34,6 +34,7 @@ struct Driver {
   CUresult (*module_get_function)(CUfunction*, CUmodule, const char*);
   CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                      CUstream, void**, void**);
+  CUresult (*func_set_attribute)(CUfunction, int, int);
 };
 
 const Driver& driver() {
@@ -46,7 +47,9 @@ const Driver& driver() {
     out.module_get_function =
         reinterpret_cast<decltype(out.module_get_function)>(dlsym(lib, "cuModuleGetFunction"));
     out.launch = reinterpret_cast<decltype(out.launch)>(dlsym(lib, "cuLaunchKernel"));
-    TVM_FFI_ICHECK(out.ctx_get_current && out.module_load_data && out.module_get_function && out.launch)
+    out.func_set_attribute = reinterpret_cast<decltype(out.func_set_attribute)>(dlsym(lib, "cuFuncSetAttribute"));
+    TVM_FFI_ICHECK(out.ctx_get_current && out.module_load_data && out.module_get_function && out.launch &&
+                   out.func_set_attribute)
         << "ninfer_gemv: libcuda.so.1 lacks a driver symbol";
     return out;
   }();
@@ -55,7 +58,22 @@ const Driver& driver() {
 
 // Kernel names of this build, indexed by kernel_index / dense_index.
 #ifndef NINFER_GEMV_DENSE_ONLY
-constexpr int kKernels = 32 + 3;  // v2: 4 formats x 4 batch sizes x 2 dtypes; v3: q4/q5/q6
+constexpr int kKernels = 32 + 3 + 3;  // v2: 4 formats x 4 batch sizes x 2 dtypes; v3, v4: q4/q5/q6
+
+// v4's ring depth per format; must equal the kernel's (tests/compiler/ops/test_qgemv_v4.py checks).
+#define NINFER_V4_STAGES_Q4 2
+#define NINFER_V4_STAGES_Q5 2
+#define NINFER_V4_STAGES_Q6 2
+#define NINFER_V4_XSTAGE 0
+constexpr uint32_t kV4MaxWarps = 8;
+
+// Dynamic shared memory of a v4 block: warps x stages x (16 rows x 4 groups of base, high, scales,
+// and the staged activation rows).
+uint32_t v4_smem(int bits, uint32_t warps) {
+  const uint32_t hb = bits == 5 ? 8 : bits == 6 ? 16 : 0;
+  const uint32_t stages = bits == 4 ? NINFER_V4_STAGES_Q4 : bits == 5 ? NINFER_V4_STAGES_Q5 : NINFER_V4_STAGES_Q6;
+  return warps * stages * (16 * 128 + 16 * 4 * hb + 16 * 8 + NINFER_V4_XSTAGE * 512);
+}
 
 int kernel_index(int bits, int batch, bool f32) {
   const int fmt = bits == 4 ? 0 : bits == 5 ? 1 : bits == 6 ? 2 : 3;
@@ -64,8 +82,10 @@ int kernel_index(int bits, int batch, bool f32) {
 }
 
 int v3_index(int bits) { return 32 + (bits - 4); }
+int v4_index(int bits) { return 35 + (bits - 4); }
 
 std::string kernel_name(int i) {
+  if (i >= 35) return "ninfer_qgemv4_q" + std::to_string(i - 35 + 4) + "_ybf16";
   if (i >= 32) return "ninfer_qgemv3_q" + std::to_string(i - 32 + 4) + "_ybf16";
   const int all_bits[4] = {4, 5, 6, 8};
   const int batches[4] = {1, 2, 4, 8};
@@ -112,6 +132,13 @@ CUfunction lookup(int index) {
     CUfunction fn = nullptr;
     rc = d.module_get_function(&fn, mod, name.c_str());
     TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: no kernel " << name;
+#ifndef NINFER_GEMV_DENSE_ONLY
+    if (i >= 35) {  // v4 asks for more than the 48 KB of shared memory that need no opt-in
+      rc = d.func_set_attribute(fn, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */,
+                                static_cast<int>(v4_smem(i - 35 + 4, kV4MaxWarps)));
+      TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: cuFuncSetAttribute failed with " << rc;
+    }
+#endif
     entry.fn[i] = fn;
   }
   ++g_count;
@@ -140,6 +167,17 @@ uint32_t choose_ks_v3(uint32_t n_rows, uint32_t k) {
   return ks;
 }
 
+// v4: K-split warps per 16-row tile (1, 2, 4 or 8) for >= 8,192 warps per launch (several waves:
+// short warps that finish at different times balance the SMs), each warp keeping >= 1 stage of 256
+// lanes. Measured on the H200 (docs/kernels/decode-gemv-v4.md): ks = 8 was best or within 3% for
+// every 27B projection except the head (15,520 tiles: ks = 1) and q5 6144x5120 (ks = 4 7% faster).
+uint32_t choose_ks_v4(uint32_t n_rows, uint32_t k) {
+  const uint32_t tiles = n_rows / 16, units = k / 256;
+  uint32_t ks = 1;
+  while (ks < kV4MaxWarps && tiles * ks < 8192 && units >= 2 * ks) ks *= 2;
+  return ks;
+}
+
 void qgemv(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
            tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView y) {
   const int64_t k = x.shape()[x.ndim() - 1];
@@ -148,13 +186,24 @@ void qgemv(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorVi
   const bool f32 = x.dtype().code == kDLFloat && x.dtype().bits == 32;
   TVM_FFI_ICHECK(f32 || (x.dtype().code == kDLBfloat && x.dtype().bits == 16)) << "ninfer_gemv: x must be bf16 or fp32";
   TVM_FFI_ICHECK(k % 128 == 0 && n % 4 == 0 && base.shape()[0] == n) << "ninfer_gemv: unsupported shape";
-  // v3 for bf16 q4/q5/q6; except at batch 1 on projections up to 32 Mi weights, where v2 measured
-  // faster on the H200 (q4 2048x5120 5.7 vs 6.4 us, q5 6144x5120 16.6 vs 19.7 us; v3 wins from b = 2
-  // and on the large ones: docs/kernel-notes-qgemv-v3.md)
+  // bf16 q4/q5/q6, as measured on the H200 (docs/kernels/decode-gemv-v4.md, b = 1..8):
+  // * v4 from 16 Mi weights up (6144x5120 and larger: 8-27% faster than v2 / v3 at every batch);
+  // * below that (2048x5120, 1024x5120): v2 at batch 1 (4.3-5.7 us vs v3 5.9-7.1, v4 6.5-7.2) and
+  //   v3 from batch 2 (v2's cost grows with the batch; v4 is 5-10% slower there);
+  // * v3 where v4 cannot run (K not a multiple of 256, `high` not 16-byte aligned).
   const bool v3_ok = !f32 && bits != 8 && n % 16 == 0;
-  const bool small = n * k <= (int64_t{32} << 20);
+  const bool small = n * k <= (int64_t{32} << 20);  // v2 at batch 1 (when v4 is not used)
+  const bool v4_size = n * k >= (int64_t{16} << 20);
   const uint32_t ks2 = choose_ks(static_cast<uint32_t>(n));
   const uint32_t grid2 = static_cast<uint32_t>((n + 4 * (8 / ks2) - 1) / (4 * (8 / ks2)));
+  // v4 (cp.async ring) where K is a multiple of its 256-lane stage
+  const bool v4_ok = v3_ok && k % 256 == 0 && reinterpret_cast<uintptr_t>(address(high)) % 16 == 0;
+  uint32_t ks4 = 0, grid4 = 0, warps4 = 0;
+  if (v4_ok) {
+    ks4 = choose_ks_v4(static_cast<uint32_t>(n), static_cast<uint32_t>(k));
+    warps4 = ks4 > 4 ? ks4 : 4;
+    grid4 = static_cast<uint32_t>((n / 16 + warps4 / ks4 - 1) / (warps4 / ks4));
+  }
   uint32_t ks3 = 0, grid3 = 0, threads3 = 0;
   if (v3_ok) {
     ks3 = choose_ks_v3(static_cast<uint32_t>(n), static_cast<uint32_t>(k));
@@ -176,13 +225,17 @@ void qgemv(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorVi
   for (int64_t r0 = 0; r0 < rows; r0 += 8) {
     uint32_t b = static_cast<uint32_t>(rows - r0 < 8 ? rows - r0 : 8);
     const int batch = b == 1 ? 1 : b == 2 ? 2 : b <= 4 ? 4 : 8;
-    const bool v3 = v3_ok && !(b == 1 && small);
-    CUfunction fn = lookup(v3 ? v3_index(static_cast<int>(bits)) : kernel_index(static_cast<int>(bits), batch, f32));
+    const bool v4 = v4_ok && v4_size;
+    const bool v3 = !v4 && v3_ok && !(b == 1 && small);
+    const int ib = static_cast<int>(bits);
+    CUfunction fn = lookup(v4 ? v4_index(ib) : v3 ? v3_index(ib) : kernel_index(ib, batch, f32));
     const void* xr = xp + r0 * k * esize;
     void* yr = yp + r0 * n * esize;
-    uint32_t ks = v3 ? ks3 : ks2;
+    uint32_t ks = v4 ? ks4 : v3 ? ks3 : ks2;
     void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks};
-    CUresult rc = driver().launch(fn, v3 ? grid3 : grid2, 1, 1, v3 ? threads3 : 256, 1, 1, 0, stream, args, nullptr);
+    const uint32_t grid = v4 ? grid4 : v3 ? grid3 : grid2, threads = v4 ? warps4 * 32 : v3 ? threads3 : 256;
+    const uint32_t smem = v4 ? v4_smem(ib, warps4) : 0;
+    CUresult rc = driver().launch(fn, grid, 1, 1, threads, 1, 1, smem, stream, args, nullptr);
     TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: launch failed with " << rc;
   }
 }

@@ -11,16 +11,16 @@ batch 1..8 with numpy's `decode_row_split(planes) @ x` in float64 (fp32 activati
 over max |y| <= 1e-5; bf16: <= 1e-2, the output rounding), then times batch 1 and 8 in bf16 and
 reports the weight bandwidth against the measured device copy bandwidth.
 
-Without TVM on the GPU machine (v2 vs v3 vs the bf16 dense GEMV, kernels called directly):
+Without TVM on the GPU machine (v2 vs v3 vs v4, kernels called directly):
 
     .venv/bin/python tests/gpu/check_qgemv.py fatbins          # build machine: sm_90a fatbins
-    python3 tests/gpu/check_qgemv.py cupy --out $OUT           # GPU machine (cupy), carry .cache/ninfer/qgemv-v3
+    python3 tests/gpu/check_qgemv.py cupy --out $OUT           # GPU machine (cupy), carry .cache/ninfer/qgemv-v4
 
-`cupy` fills random planes on the GPU, checks v2, v3 (bf16 and fp32 output) and dense at batch
-1..8 against float64 numpy on a subset of rows (NaN-poisoned outputs), then times batch 1, 2, 4, 8
-per launch inside a CUDA graph, rotating over weight copies so that L2 cannot hold them. Other
-builds of the .cu staged there as `v3a_sm_90a.fatbin` / `v3x<tag>_sm_90a.fatbin` (nvcc -fatbin of
-another version of the source) are timed next to v3, and v3 also at the neighbouring K-splits.
+`cupy` measures the device's read and copy bandwidth with its own kernels (1 GiB), fills random
+planes on the GPU, checks v2, v3, v4 (bf16 and fp32 output, and v4 builds with other ring depths,
+`V4_VARIANTS`) at batch 1..8 against float64 numpy on a subset of rows (NaN-poisoned outputs), then
+times batch 1, 2, 4, 8 per launch inside a CUDA graph, rotating over weight copies so that L2
+cannot hold them, and v4 at every K-split at batch 1 and 8. `--dense` adds the bf16 dense GEMV.
 """
 
 from __future__ import annotations
@@ -47,15 +47,22 @@ CASES = {
     "q8": ("q8_g32_fp16", 4096, 5120),
 }
 DTYPES = ("float32", "bfloat16")
-FATBINS = ROOT / ".cache" / "ninfer" / "qgemv-v3"
-# cupy subcommand: (format, N, K); "bf16" = dense bf16 weights
+FATBINS = ROOT / ".cache" / "ninfer" / "qgemv-v4"
+# cupy subcommand: (format, N, K), the 27B decode projections
 CUPY_CASES = {
     "q4 up 17408x5120": ("q4", 17408, 5120),
     "q4 qk 2048x5120": ("q4", 2048, 5120),
+    "q4 aq 6144x5120": ("q4", 6144, 5120),
+    "q4 ak 1024x5120": ("q4", 1024, 5120),
     "q5 down 5120x17408": ("q5", 5120, 17408),
     "q5 value 6144x5120": ("q5", 6144, 5120),
+    "q5 out 5120x6144": ("q5", 5120, 6144),
+    "q5 av 1024x5120": ("q5", 1024, 5120),
     "q6 16384x5120": ("q6", 16384, 5120),
     "q6 head 248320x5120": ("q6", 248320, 5120),
+}
+# with --dense: bf16 weights (the dense GEMV)
+DENSE_CASES = {
     "bf16 gate 48x5120": ("bf16", 48, 5120),
     "bf16 1024x5120": ("bf16", 1024, 5120),
     "bf16 17408x5120": ("bf16", 17408, 5120),
@@ -181,17 +188,6 @@ def run(out: Path) -> int:
     return 0 if ok else 1
 
 
-def fatbins() -> None:
-    """sm_90a fatbins of ops/qgemv_cuda.cu (all kernels, and the dense-only build) for `cupy`."""
-    sys.path.insert(0, str(ROOT))
-    from ninfer_compiler.ops import qgemv
-
-    FATBINS.mkdir(parents=True, exist_ok=True)
-    (FATBINS / "all_sm_90a.fatbin").write_bytes(qgemv.fatbin("sm_90a"))
-    (FATBINS / "dense_sm_90a.fatbin").write_bytes(qgemv.fatbin("sm_90a", dense=True))
-    print("wrote", *sorted(p.name for p in FATBINS.iterdir()))
-
-
 def decode_planes(base: np.ndarray, high: np.ndarray | None, scales: np.ndarray, bits: int) -> np.ndarray:
     """float64 `[rows, K]` of q4/q5/q6 planes (spec 4.3; same as row_split.decode_row_split)."""
     rows = base.shape[0]
@@ -220,8 +216,83 @@ def _ks_v3(n: int, k: int) -> int:  # qgemv_host.cc choose_ks_v3
     return ks
 
 
-def cupy_check(out: Path, reps: int) -> int:
-    """v2 / v3 / dense on random data with cupy: numerics table and timings table."""
+def _v4_geometry(n: int, k: int, ks: int) -> tuple[int, int]:  # qgemv_host.cc: (grid, warps per block)
+    warps = max(4, ks)
+    return -(-(n // 16) // (warps // ks)), warps
+
+
+def _ks_v4(n: int, k: int) -> int:  # qgemv_host.cc choose_ks_v4
+    ks = 1
+    while ks < 8 and (n // 16) * ks < 8192 and k // 256 >= 2 * ks:
+        ks *= 2
+    return ks
+
+
+def _v4_stage_bytes(bits: int, xs: int = 0) -> int:  # V4<BITS>::STAGE
+    return 16 * 128 + 16 * 4 * {4: 0, 5: 8, 6: 16}[bits] + 16 * 8 + 512 * xs
+
+
+# the default build of v4 and others: tag -> ring depth for (q4, q5, q6), activation rows staged
+# (NINFER_V4_XSTAGE), measurement-only build (no numerics), extra nvcc defines
+V4_DEFAULT = {"stages": (2, 2, 2), "xs": 0, "diag": False, "defs": []}  # = qgemv.V4_STAGES
+V4_VARIANTS = {
+    "v4s3": {"stages": (3, 3, 3), "xs": 0, "diag": False, "defs": []},
+    "v4s4": {"stages": (4, 4, 3), "xs": 0, "diag": False, "defs": []},
+    "v4x1": {"stages": (3, 3, 3), "xs": 1, "diag": False, "defs": ["-DNINFER_V4_MIN_BLOCKS=3"]},
+    "v4d1": {"stages": (3, 3, 3), "xs": 0, "diag": True, "defs": ["-DNINFER_V4_DIAG=1"]},  # loads only
+    "v4d2": {"stages": (3, 3, 3), "xs": 0, "diag": True, "defs": ["-DNINFER_V4_DIAG=2"]},  # no x loads
+}
+
+BW_SOURCE = r"""
+#include <stdint.h>
+// device bandwidth ceilings for check_qgemv.py: a copy (read + write) and a read-only sum
+extern "C" __global__ void __launch_bounds__(256) bw_copy(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                                                           uint32_t n) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
+}
+extern "C" __global__ void __launch_bounds__(256) bw_read(const uint4* __restrict__ src, uint32_t n,
+                                                           uint32_t* __restrict__ out) {
+  uint32_t acc = 0;
+  const uint32_t stride = gridDim.x * blockDim.x;
+  uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = __ldcs(src + i), b = __ldcs(src + i + stride), c = __ldcs(src + i + 2 * stride),
+                d = __ldcs(src + i + 3 * stride);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 a = __ldcs(src + i);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (acc == 0x9E3779B9u) out[0] = acc;  // keeps the loads; practically never stores
+}
+"""
+
+
+def fatbins() -> None:
+    """sm_90a fatbins for `cupy`: ops/qgemv_cuda.cu (all kernels), its dense-only build, v4 builds
+    with other ring depths, and the bandwidth kernels."""
+    sys.path.insert(0, str(ROOT))
+    from ninfer_compiler.codegen.toolchain import nvcc_path
+    from ninfer_compiler.ops import qgemv
+
+    FATBINS.mkdir(parents=True, exist_ok=True)
+    (FATBINS / "all_sm_90a.fatbin").write_bytes(qgemv.fatbin("sm_90a"))
+    (FATBINS / "dense_sm_90a.fatbin").write_bytes(qgemv.fatbin("sm_90a", dense=True))
+    flags = ["-fatbin", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a"]
+    for tag, v in V4_VARIANTS.items():
+        defs = [f"-DNINFER_V4_STAGES_Q{b}={s}" for b, s in zip((4, 5, 6), v["stages"], strict=True)]
+        defs += [f"-DNINFER_V4_XSTAGE={v['xs']}", *v["defs"]]
+        subprocess.run([nvcc_path(), *flags, "-DNINFER_GEMV_SKIP_V2", *defs, str(qgemv.DEVICE_SOURCE),
+                        "-o", str(FATBINS / f"{tag}_sm_90a.fatbin")], check=True)
+    bw = FATBINS / "bw.cu"
+    bw.write_text(BW_SOURCE)
+    subprocess.run([nvcc_path(), *flags, str(bw), "-o", str(FATBINS / "bw_sm_90a.fatbin")], check=True)
+    print("wrote", *sorted(p.name for p in FATBINS.iterdir()))
+
+
+def cupy_check(out: Path, reps: int, dense: bool) -> int:
+    """v2 / v3 / v4 (and dense with `dense`) on random data with cupy: numerics and timing tables."""
     import cupy as cp
 
     out.mkdir(parents=True, exist_ok=True)
@@ -233,7 +304,25 @@ def cupy_check(out: Path, reps: int) -> int:
 
     mod = cp.RawModule(path=str(FATBINS / "all_sm_90a.fatbin"))
     dmod = cp.RawModule(path=str(FATBINS / "dense_sm_90a.fatbin"))
+    bwmod = cp.RawModule(path=str(FATBINS / "bw_sm_90a.fatbin"))
+    v4mods = {tag: cp.RawModule(path=str(FATBINS / f"{tag}_sm_90a.fatbin")) for tag in V4_VARIANTS
+              if (FATBINS / f"{tag}_sm_90a.fatbin").exists()}
+    v4conf = {"v4": V4_DEFAULT, **V4_VARIANTS}
     start, stop = cp.cuda.Event(), cp.cuda.Event()
+    functions: dict = {}
+
+    def function(module, name: str, smem: int = 0):
+        """A kernel handle, cached; `smem`: opt in to that much dynamic shared memory once."""
+        key = (id(module), name)
+        if key not in functions:
+            fn = module.get_function(name)
+            if smem:
+                try:
+                    fn.max_dynamic_shared_size_bytes = smem
+                except Exception:  # noqa: BLE001 - older cupy: the driver call
+                    cp.cuda.driver.funcSetAttribute(fn.ptr, 8, smem)
+            functions[key] = fn
+        return functions[key]
 
     def gpu_us(fn, n_calls: int) -> float:
         """Median over `reps` of (one CUDA graph of n_calls launches) / n_calls, in us (a plain
@@ -262,42 +351,26 @@ def cupy_check(out: Path, reps: int) -> int:
                 times.append(cp.cuda.get_elapsed_time(start, stop) * 1e3 / n_calls)
         return float(np.median(times))
 
-    def torch_us(fn, n_calls: int) -> float:
-        """The same for a torch call, through torch's own CUDA graph."""
-        import torch
-
-        fn()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(n_calls):
-                fn()
-        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(reps):
-            t0.record()
-            graph.replay()
-            t1.record()
-            t1.synchronize()
-            times.append(t0.elapsed_time(t1) * 1e3 / n_calls)
-        return float(np.median(times))
-
-    src = cp.empty(1 << 30, dtype=cp.uint8)
-    dst = cp.empty_like(src)
-    copy_us = gpu_us(lambda i, src=src, dst=dst: dst.data.copy_from_device_async(src.data, src.nbytes), 5)
-    copy_gb_s = 2 * (1 << 30) / (copy_us * 1e-6) / 1e9
-    src = dst = None
-    say(f"device copy (cudaMemcpyAsync, read + write, 1 GiB): {copy_gb_s:.0f} GB/s")
-    # an earlier kernel version to compare against (a fatbin of it, if one was staged)
-    old = FATBINS / "v3a_sm_90a.fatbin"
-    amod = cp.RawModule(path=str(old)) if old.exists() else None
-    extra = {p.name.split("_")[0]: cp.RawModule(path=str(p)) for p in sorted(FATBINS.glob("v3x*_sm_90a.fatbin"))}
-    rng = np.random.default_rng(0)
     u32 = np.uint32
-    errors, timings, ok = [], [], True
-    cases = CUPY_CASES
+    # device ceilings, 1 GiB: a copy kernel (read + write) and a read-only kernel
+    src = cp.ones(1 << 30, dtype=cp.uint8)
+    dst = cp.empty_like(src)
+    sink = cp.zeros(1, dtype=cp.uint32)
+    nvec = u32((1 << 30) // 16)
+    copy_fn, read_fn = function(bwmod, "bw_copy"), function(bwmod, "bw_read")
+    copy_us = gpu_us(lambda i: copy_fn((132 * 8,), (256,), (src, dst, nvec)), 5)
+    read_us = gpu_us(lambda i: read_fn((132 * 8,), (256,), (src, nvec, sink)), 5)
+    memcpy_us = gpu_us(lambda i: dst.data.copy_from_device_async(src.data, src.nbytes), 5)
+    copy_gb_s = 2 * (1 << 30) / (copy_us * 1e-6) / 1e9
+    read_gb_s = (1 << 30) / (read_us * 1e-6) / 1e9
+    say(f"device bandwidth, 1 GiB: copy kernel {copy_gb_s:.0f} GB/s (read + write), read kernel {read_gb_s:.0f} GB/s, "
+        f"cudaMemcpyAsync {2 * (1 << 30) / (memcpy_us * 1e-6) / 1e9:.0f} GB/s")
+    src = dst = None
+    rng = np.random.default_rng(0)
+    errors, timings, sweeps, ok = [], [], [], True
+    cases = dict(CUPY_CASES, **(DENSE_CASES if dense else {}))
     if os.environ.get("NINFER_QGEMV_SMOKE"):  # tiny shapes, to try the script's plumbing
-        cases = {name: (fmt, 64 if n > 64 else n, 256) for name, (fmt, n, k) in CUPY_CASES.items()}
+        cases = {name: (fmt, 64 if n > 64 else n, 256) for name, (fmt, n, k) in cases.items()}
     for name, (fmt, n, k) in cases.items():
         if fmt == "bf16":
             nbytes = n * k * 2
@@ -324,24 +397,33 @@ def cupy_check(out: Path, reps: int) -> int:
             w_ref = decode_planes(cp.asnumpy(first[0][rows]), cp.asnumpy(first[1][rows]) if hb else None,
                                   cp.asnumpy(first[2][rows]), bits)
 
-        def launch(variant: str, planes, x, y, b: int, n=n, k=k, fmt=fmt, ks_v3: int = 0) -> None:
+        def launch(variant: str, planes, x, y, b: int, n=n, k=k, fmt=fmt, ks: int = 0) -> None:
             pb = 1 if b == 1 else 2 if b == 2 else 4 if b <= 4 else 8
+            tag = "f32" if y.dtype == cp.float32 else "bf16"
             if variant == "dense":
-                dmod.get_function(f"ninfer_dense_bf16_b{pb}")((n,), (256,), (x, planes[0], y, u32(n), u32(k), u32(b)))
+                function(dmod, f"ninfer_dense_bf16_b{pb}")((n,), (256,), (x, planes[0], y, u32(n), u32(k), u32(b)))
             elif variant == "v2":
                 ks = _ks_v2(n)
                 grid = (n + 4 * (8 // ks) - 1) // (4 * (8 // ks))
-                mod.get_function(f"ninfer_qgemv_q{fmt[1]}_b{pb}_bf16")(
+                function(mod, f"ninfer_qgemv_q{fmt[1]}_b{pb}_bf16")(
                     (grid,), (256,), (x, *planes, y, u32(n), u32(k), u32(b), u32(ks)))
-            else:
-                ks = ks_v3 or _ks_v3(n, k)
+            elif variant == "v3":
+                ks = ks or _ks_v3(n, k)
                 warps = max(8, ks)
                 grid = -(-(n // 16) // (warps // ks))
-                tag = "f32" if y.dtype == cp.float32 else "bf16"
-                (amod if variant == "v3a" else extra.get(variant, mod)).get_function(f"ninfer_qgemv3_q{fmt[1]}_y{tag}")(
+                function(mod, f"ninfer_qgemv3_q{fmt[1]}_y{tag}")(
                     (grid,), (warps * 32,), (x, *planes, y, u32(n), u32(k), u32(b), u32(ks)))
+            else:  # v4 or a v4 build with other ring depths
+                bits = int(fmt[1])
+                ks = ks or _ks_v4(n, k)
+                grid, warps = _v4_geometry(n, k, ks)
+                conf = v4conf[variant]
+                per_warp = conf["stages"][bits - 4] * _v4_stage_bytes(bits, conf["xs"])
+                fn = function(v4mods.get(variant, mod), f"ninfer_qgemv4_q{bits}_y{tag}", 8 * per_warp)
+                fn((grid,), (warps * 32,), (x, *planes, y, u32(n), u32(k), u32(b), u32(ks)), shared_mem=warps * per_warp)
 
-        variants = ["dense"] if fmt == "bf16" else ["v2", "v3", "v3f32"]
+        v4_all = ["v4", *v4mods]
+        variants = ["dense"] if fmt == "bf16" else ["v2", "v3", *[v for v in v4_all if not v4conf[v]["diag"]], "v4f32"]
         for b in range(1, 9):
             xf = rng.standard_normal((b, k)).astype(np.float32)
             xb = (xf.view(np.uint32) >> 16).astype(np.uint16)
@@ -349,63 +431,79 @@ def cupy_check(out: Path, reps: int) -> int:
             x = cp.asarray(xb)
             for v in variants:
                 # poisoned output: NaN in fp32, the bf16 NaN pattern otherwise
-                y = cp.full((b, n), np.nan, dtype=cp.float32) if v == "v3f32" else cp.full((b, n), 0x7FC0, dtype=cp.uint16)
-                launch(v.replace("f32", ""), first, x, y, b)
-                got = cp.asnumpy(y)
-                if got.dtype == np.uint16:
-                    got = (got.astype(np.uint32) << 16).view(np.float32)
-                err = float(np.abs(got[:, rows].astype(np.float64) - ref).max() / np.abs(ref).max())
-                if not np.isfinite(err):
+                f32 = v.endswith("f32")
+                y = cp.full((b, n), np.nan, dtype=cp.float32) if f32 else cp.full((b, n), 0x7FC0, dtype=cp.uint16)
+                try:
+                    launch(v.replace("f32", ""), first, x, y, b)
+                    got = cp.asnumpy(y)
+                    if got.dtype == np.uint16:
+                        got = (got.astype(np.uint32) << 16).view(np.float32)
+                    err = float(np.abs(got[:, rows].astype(np.float64) - ref).max() / np.abs(ref).max())
+                    if not np.isfinite(err):
+                        err = float("inf")
+                except Exception as exc:  # noqa: BLE001 - report, count as a failure, go on
+                    say(f"{name} {v} b={b}: {type(exc).__name__}: {exc}")
                     err = float("inf")
-                tol = 1e-5 if v == "v3f32" else 1e-2
+                tol = 1e-5 if f32 else 1e-2
                 ok &= err <= tol
                 errors.append((name, v, b, err))
         for b in (1, 2, 4, 8):
             x = cp.asarray((rng.standard_normal((b, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
             y = cp.zeros((b, n), dtype=cp.uint16)
             entry = {}
-            for v in ("dense",) if fmt == "bf16" else ("v2", "v3a", "v3") if amod else ("v2", "v3"):
-                entry[v] = gpu_us(lambda i, v=v, s=sets, x=x, y=y, b=b: launch(v, s[i % len(s)], x, y, b),
-                                  max(copies, 20))
-            for v in extra if fmt != "bf16" else ():
-                entry[v] = gpu_us(lambda i, v=v, s=sets, x=x, y=y, b=b: launch(v, s[i % len(s)], x, y, b), max(copies, 20))
-            if fmt != "bf16" and b in (1, 8):  # the launcher's K-split choice against its neighbours
-                for ks in (1, 2, 4, 8, 16):
-                    if k // 128 >= 2 * ks and ks != _ks_v3(n, k):
-                        entry[f"v3 ks={ks}"] = gpu_us(
-                            lambda i, s=sets, x=x, y=y, b=b, ks=ks: launch("v3", s[i % len(s)], x, y, b, ks_v3=ks),
-                            max(copies, 20))
-                entry["ks"] = _ks_v3(n, k)
-            if fmt == "bf16":
+            for v in ("dense",) if fmt == "bf16" else ("v2", "v3", *v4_all):
                 try:
-                    import torch
-
-                    tw = torch.from_dlpack(sets[0][0]).view(torch.bfloat16)
-                    tx = torch.from_dlpack(x).view(torch.bfloat16)
-                    entry["torch"] = torch_us(lambda tx=tx, tw=tw: torch.nn.functional.linear(tx, tw), 20)
-                except Exception as exc:  # noqa: BLE001 - the comparison is optional
-                    say(f"torch comparison skipped: {exc}")
+                    entry[v] = gpu_us(lambda i, v=v, s=sets, x=x, y=y, b=b: launch(v, s[i % len(s)], x, y, b),
+                                      max(copies, 20))
+                except Exception as exc:  # noqa: BLE001
+                    say(f"{name} {v} b={b} timing: {type(exc).__name__}: {exc}")
+            if fmt != "bf16" and b in (1, 8):  # v4's K-split against the launcher's choice, per ring depth
+                for v in v4_all:
+                    for ks in (1, 2, 4, 8):
+                        if k // 256 >= ks:
+                            key = f"{v} ks={ks}"
+                            if ks == _ks_v4(n, k):
+                                sweeps.append((name, b, key, entry.get(v, float("nan"))))
+                                continue
+                            try:
+                                t = gpu_us(lambda i, v=v, s=sets, x=x, y=y, b=b, ks=ks: launch(v, s[i % len(s)], x, y, b,
+                                                                                           ks=ks), max(copies, 20))
+                            except Exception as exc:  # noqa: BLE001
+                                say(f"{name} {key} b={b}: {type(exc).__name__}: {exc}")
+                                t = float("nan")
+                            sweeps.append((name, b, key, t))
             timings.append((name, b, nbytes, entry))
             say(name, b, {v: round(t, 2) for v, t in entry.items()})
         sets = first = None
         cp.get_default_memory_pool().free_all_blocks()
+    results = {"copy_gb_s": copy_gb_s, "read_gb_s": read_gb_s, "errors": errors, "timings": timings, "sweeps": sweeps}
+    (out / "qgemv_cupy.json").write_text(json.dumps(results, indent=1))
     say("\nmax |y - ref| / max |ref| (float64 reference, rows subset for N > 4096):")
     say(f"{'case':24} {'variant':6} " + " ".join(f"b={b:<7}" for b in range(1, 9)))
     for name in cases:
-        for v in ("v2", "v3", "v3f32", "dense"):
+        for v in sorted({vv for (c, vv, _, _) in errors if c == name}):
             row = [e for (c, vv, _, e) in errors if c == name and vv == v]
+            say(f"{name:24} {v:6} " + " ".join(f"{e:<9.2e}" for e in row))
+    say("\nv4 K-split sweep (us per launch; the launcher's ks is the one equal to the v4 column below):")
+    for name in cases:
+        for b in (1, 8):
+            row = [(key, t) for (c, bb, key, t) in sweeps if c == name and bb == b]
             if row:
-                say(f"{name:24} {v:6} " + " ".join(f"{e:<9.2e}" for e in row))
-    say(f"\nper launch in a CUDA graph (median of {reps}), weights rotated over copies; copy {copy_gb_s:.0f} GB/s")
-    say(f"{'case':24} {'MB':>6} {'b':>2} {'v2 us':>8} {'v3a us':>8} {'v3 us':>8} {'v3 GB/s':>8} {'% copy':>6} "
-        f"{'torch us':>9}")
+                say(f"{name:24} b={b} " + "  ".join(f"{key} {t:.2f}" for key, t in row))
+    say(f"\nper launch in a CUDA graph (median of {reps}), weights rotated over copies; read kernel {read_gb_s:.0f} GB/s, "
+        f"copy kernel {copy_gb_s:.0f} GB/s")
+    say(f"{'case':24} {'MB':>6} {'b':>2} {'v2 us':>8} {'v3 us':>8} {'v4 us':>8} {'best v4':>14} {'GB/s':>6} "
+        f"{'% read':>6} {'% copy':>6}")
     for name, b, nbytes, e in timings:
-        main = e.get("v3", e.get("dense"))
-        gbs = nbytes / (main * 1e-6) / 1e9
-        other = e.get("torch", float("nan"))
-        say(f"{name:24} {nbytes / 1e6:6.1f} {b:2d} {e.get('v2', float('nan')):8.2f} {e.get('v3a', float('nan')):8.2f} "
-            f"{main:8.2f} {gbs:8.0f} "
-            f"{100 * gbs / copy_gb_s:5.0f}% {other:9.2f}")
+        real = lambda key: not v4conf.get(key.split()[0], {}).get("diag")  # noqa: E731
+        cands = {v: t for v, t in e.items() if (v.startswith("v4") and real(v)) or v == "dense"}
+        cands.update({key: t for (c, bb, key, t) in sweeps if c == name and bb == b and np.isfinite(t) and real(key)})
+        best = min(cands, key=cands.get) if cands else "-"
+        t = cands.get(best, float("nan"))
+        gbs = nbytes / (t * 1e-6) / 1e9
+        say(f"{name:24} {nbytes / 1e6:6.1f} {b:2d} {e.get('v2', float('nan')):8.2f} {e.get('v3', float('nan')):8.2f} "
+            f"{e.get('v4', e.get('dense', float('nan'))):8.2f} {best:>9} {t:4.1f} {gbs:6.0f} {100 * gbs / read_gb_s:5.0f}% "
+            f"{100 * gbs / copy_gb_s:5.0f}%")
     say("numerics", "ok" if ok else "FAILED")
     log.close()
     return 0 if ok else 1
@@ -416,6 +514,7 @@ def main() -> int:
     parser.add_argument("action", choices=["prepare", "run", "fatbins", "cupy"])
     parser.add_argument("--reps", type=int, default=20, help="cupy: timing repeats")
     parser.add_argument("--out", type=Path, default=Path("/tmp/qgemv-out"))
+    parser.add_argument("--dense", action="store_true", help="cupy: also the bf16 dense GEMV")
     parser.add_argument("--tag", default="v2", help="prepare: name of this kernel version")
     parser.add_argument("--source", type=Path, help="prepare: a .cu to use instead of ops/qgemv_cuda.cu")
     args = parser.parse_args()
@@ -426,7 +525,7 @@ def main() -> int:
         fatbins()
         return 0
     if args.action == "cupy":
-        return cupy_check(args.out, args.reps)
+        return cupy_check(args.out, args.reps, args.dense)
     if "TVM_USE_RUNTIME_LIB" not in os.environ:  # GPU machine: TVM's runtime staged by profile_27b.py
         sys.path.insert(0, str(ROOT / "tests" / "gpu"))
         from profile_27b import _env
