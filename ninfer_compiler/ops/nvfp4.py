@@ -5,25 +5,36 @@ stored: even k in the low nibble), `block_scales` uint8 `[N, K/16]` (E4M3FN word
 `runtime/weights.py` un-swizzles the 128x4 tiles at load time, because bindings address row
 ranges of packed parents that need not start on a 128-row tile) and `divisor` fp32 `[1]`.
 
-On CUDA targets with bf16 activations the Triton kernels of `ops/nvfp4_triton.py` run (a GEMV
-for decode-shaped calls, a tensor-core GEMM otherwise), compiled ahead of time and launched from
-the package's host library. Elsewhere (the `cpu` target) one TE op dequantizes
+On CUDA targets with bf16 activations, decode-shaped calls (`[b, 1, K]`, N % 16 == 0, K % 128 == 0)
+run the tensor-core GEMV of `nvfp4_gemv_cuda.cu` (nvcc, SASS only, extern `ninfer_nvfp4_gemv_tc`);
+other calls run the Triton kernels of `ops/nvfp4_triton.py` (a tensor-core GEMM, and a GEMV for
+decode shapes the CUDA kernel does not take), compiled ahead of time and launched from the
+package's host library. Elsewhere (the `cpu` target) one TE op dequantizes
 `W[n, k] = e2m1 * e4m3 / d` in fp32, as the artifact's decoder does, and accumulates in fp32.
 """
 
 from __future__ import annotations
+
+import hashlib
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 
 import tvm
 from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
+from ..codegen.toolchain import ToolchainError, kernel_cache_dir, nvcc_path, nvcc_version
 from .common import dtype_tag, tuned_cuda_kernels
 from .cuda_extern import current_arch, extern
 from .triton_aot import KernelImage, compile_kernel
 
 PLANES = ("codes", "block_scales", "divisor")
 GEMM_SYMBOL, GEMV_SYMBOL = "ninfer_nvfp4_gemm", "ninfer_nvfp4_gemv"
+TC_SYMBOL = "ninfer_nvfp4_gemv_tc"
+TC_SOURCE = Path(__file__).resolve().parent / "nvfp4_gemv_cuda.cu"
 
 
 def plane_shapes(rows: int, cols: int) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -186,14 +197,148 @@ def _decode_shaped(x: nn.Tensor) -> bool:
     return len(shape) == 3 and isinstance(shape[1], int) and shape[1] == 1
 
 
+# ---- CUDA: the tensor-core decode GEMV (nvcc) ----------------------------------------------------
+
+@dataclass(frozen=True)
+class CudaImage:
+    """An nvcc fatbin launched by entry `name` with `threads` per block (`cuda_extern.Image`)."""
+
+    name: str
+    fatbin: bytes
+    threads: int
+    shared: int = 0
+
+
+def tc_fatbin(arch: str) -> bytes:
+    """nvcc's fatbin of `nvfp4_gemv_cuda.cu` for `arch` (SASS only), cached by source, flags and nvcc."""
+    source = TC_SOURCE.read_bytes()
+    flags = ["-O3", "-std=c++17", f"-gencode=arch={arch.replace('sm_', 'compute_')},code={arch}"]
+    key = hashlib.sha256(b"\0".join([source, nvcc_version().encode(), " ".join(flags).encode()])).hexdigest()[:24]
+    path = kernel_cache_dir() / arch / f"nvfp4-gemv-{key}.fatbin"
+    if path.exists():
+        return path.read_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "nvfp4_gemv.fatbin"
+        proc = subprocess.run([nvcc_path(), "-fatbin", *flags, str(TC_SOURCE), "-o", str(out)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ToolchainError(f"nvcc failed on {TC_SOURCE.name}:\n{proc.stderr[-4000:]}")
+        data = out.read_bytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return data
+
+
+SMS = {"sm_90a": 132, "sm_120a": 170, "sm_121a": 48}  # H200 / H100 SXM, RTX 5090, GB10
+WARPS_PER_SM = 16  # the kernel's 128 registers per thread
+KS_CHOICES = (1, 2, 4, 5, 8, 10, 16)
+
+
+def tc_plan(rows: int, k: int, sms: int) -> tuple[int, int, int]:
+    """`(ks, warps per block, grid)` of a launch: warps splitting K per 16-row tile, block size and
+    (persistent) grid. Why: blocks loop over row groups, so the cost is the rounds of groups per
+    block times the chunks per warp (plus one for the per-group reduction), stretched when fewer
+    than ~12 warps per SM are busy. The launcher (`TC_LAUNCHER`) computes the same."""
+    tiles, chunks = rows // 16, k // 128
+    if tiles == 0:
+        return 1, 8, 0
+    best: tuple[float, int, int, int] | None = None
+    for ks in KS_CHOICES:
+        if ks > chunks:
+            continue
+        slots = max(1, 8 // ks)
+        warps = ks * slots
+        groups = -(-tiles // slots)
+        grid = min(groups, (WARPS_PER_SM // warps) * sms)
+        rounds = -(-groups // grid)
+        occupancy = min(1.0, grid * warps / (sms * 12.0))
+        cost = rounds * (-(-chunks // ks) + 1) / occupancy
+        if best is None or cost < best[0] - 1e-9:
+            best = (cost, ks, warps, grid)
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
+TC_LAUNCHER = r"""
+#include "ninfer_cuda.h"
+namespace {
+void gemv_tc(tvm::ffi::TensorView x, tvm::ffi::TensorView codes, tvm::ffi::TensorView scales,
+             tvm::ffi::TensorView divisor, tvm::ffi::TensorView y) {
+  const int64_t k = x.shape()[x.ndim() - 1];
+  const int64_t m = x.numel() / k;
+  const int64_t n = codes.shape()[0];
+  TVM_FFI_ICHECK(x.dtype().code == kDLBfloat && x.dtype().bits == 16) << "ninfer_nvfp4_gemv_tc: x must be bf16";
+  TVM_FFI_ICHECK(y.dtype().code == kDLBfloat && y.numel() == m * n) << "ninfer_nvfp4_gemv_tc: output";
+  TVM_FFI_ICHECK(codes.shape()[1] * 2 == k && k % 128 == 0 && n % 16 == 0)
+      << "ninfer_nvfp4_gemv_tc: needs N % 16 == 0 and K % 128 == 0 (N = " << n << ", K = " << k << ")";
+  TVM_FFI_ICHECK(scales.shape()[0] == n && scales.shape()[1] * 16 == k) << "ninfer_nvfp4_gemv_tc: block scales";
+  TVM_FFI_ICHECK(divisor.numel() == 1) << "ninfer_nvfp4_gemv_tc: one divisor per matrix";
+  TVM_FFI_ICHECK(n * k / 2 < (int64_t(1) << 32) && m * k < (int64_t(1) << 31)) << "ninfer_nvfp4_gemv_tc: too large";
+  // launch plan (tc_plan in ops/nvfp4.py): K split, warps per block, persistent grid
+  const int64_t tiles = n / 16, chunks = k / 128;
+  if (tiles == 0 || m == 0) return;
+  static const int kChoices[] = {1, 2, 4, 5, 8, 10, 16};
+  double best = -1.0;
+  uint32_t ks = 1, warps = 8, grid = 1;
+  for (int ks_c : kChoices) {
+    if (ks_c > chunks) continue;
+    const int64_t slots = ks_c <= 8 ? 8 / ks_c : 1, w = ks_c * slots;
+    const int64_t groups = (tiles + slots - 1) / slots;
+    const int64_t res = (WARPS_PER_SM / w) * SMS, g = groups < res ? groups : res;
+    const int64_t rounds = (groups + g - 1) / g;
+    double occupancy = double(g * w) / (SMS * 12.0);
+    if (occupancy > 1.0) occupancy = 1.0;
+    const double cost = double(rounds * ((chunks + ks_c - 1) / ks_c + 1)) / occupancy;
+    if (best < 0.0 || cost < best - 1e-9) {
+      best = cost;
+      ks = static_cast<uint32_t>(ks_c);
+      warps = static_cast<uint32_t>(w);
+      grid = static_cast<uint32_t>(g);
+    }
+  }
+  const char* key = warps == 5 ? "gemv_w5" : warps == 8 ? "gemv_w8" : warps == 10 ? "gemv_w10" : "gemv_w16";
+  uint64_t cp = ninfer_cuda::pointer(codes, "codes"), sp = ninfer_cuda::pointer(scales, "block_scales"),
+           dp = ninfer_cuda::pointer(divisor, "divisor");
+  const uint64_t x0 = ninfer_cuda::pointer(x, "x"), y0 = ninfer_cuda::pointer(y, "y");
+  uint32_t nn = static_cast<uint32_t>(n), kk = static_cast<uint32_t>(k);
+  for (int64_t b0 = 0; b0 < m; b0 += 8) {  // 8 batch rows per weight read
+    uint64_t xp = x0 + static_cast<uint64_t>(b0 * k * 2), yp = y0 + static_cast<uint64_t>(b0 * n * 2);
+    uint32_t rows = static_cast<uint32_t>(m - b0 < 8 ? m - b0 : 8);
+    ninfer_cuda::launch(key, grid, 1, 1, {&xp, &cp, &sp, &dp, &yp, &nn, &kk, &rows, &ks}, x.device().device_id);
+  }
+}
+}  // namespace
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_nvfp4_gemv_tc, gemv_tc);
+"""
+
+
+def _tc_module() -> nn.SourceModule:
+    def shape(x, codes, scales, divisor):
+        return nn.Tensor.placeholder([*x.shape[:-1], codes.shape[0]], x.dtype)
+
+    arch = current_arch()
+    data = tc_fatbin(arch)
+    images = {f"gemv_w{w}": CudaImage("ninfer_nvfp4_gemv_ybf16", data, 32 * w) for w in (5, 8, 10, 16)}
+    launcher = (TC_LAUNCHER.replace("WARPS_PER_SM", str(WARPS_PER_SM))
+                .replace("SMS", str(SMS.get(arch, 132))))
+    return extern(f"nvfp4_gemv_tc_{arch}", {TC_SYMBOL: shape}, launcher, images)
+
+
+def tc_supported(x: nn.Tensor, rows: int, in_features: int) -> bool:
+    """Decode-shaped, and the shapes the tensor-core GEMV takes (16-row tiles, 128-k chunks)."""
+    return _decode_shaped(x) and rows % 16 == 0 and in_features % 128 == 0
+
+
 def nvfp4_matmul(x: nn.Tensor, codes: nn.Tensor, scales: nn.Tensor, divisor: nn.Tensor, in_features: int) -> nn.Tensor:
     """`y[..., n] = sum_k x[..., k] * W[n, k]`, fp32 accumulation, y in x's dtype."""
     if not cuda_supported(x, in_features):
         return _te_matmul(x, codes, scales, divisor, in_features)
+    rows = int(codes.shape[0])
+    if tc_supported(x, rows, in_features):
+        return _tc_module()[TC_SYMBOL](x, codes, scales, divisor)
     from .nvfp4_triton import gemv_split
 
     module = _module()
-    rows = int(codes.shape[0])
     if _decode_shaped(x):
         splits, _ = gemv_split(rows, in_features)
         # shape inference gets the split count; the launcher derives the steps from it

@@ -87,11 +87,11 @@ def test_h200_library_carries_the_kernels(tmp_path):
     with ttarget:
         mod, _ = export_module(_op_module(main, inputs), {})
     text = mod.script()
-    assert nvfp4.GEMV_SYMBOL in text and nvfp4.GEMM_SYMBOL in text
+    assert nvfp4.TC_SYMBOL in text and nvfp4.GEMM_SYMBOL in text  # decode (K % 128 == 0), prefill
     with cuda_build(ttarget):
         exe = compile_module(mod, ttarget)
     lib = export_library(exe, tmp_path / "model.so", target)
     code = inspect_library(lib)
     assert code.problems("sm_90a") == [] and code.sass_archs == {"sm_90a"}
     data = lib.read_bytes()
-    assert b"ninfer_nvfp4_gemm" in data and b"ninfer_nvfp4_gemv" in data
+    assert b"ninfer_nvfp4_gemm" in data and nvfp4.TC_SYMBOL.encode() in data
