@@ -50,12 +50,15 @@ def image_table(images: Sequence[Image] | dict[str, Image]) -> str:
     if len(set(keys)) != len(keys):
         raise ValueError(f"duplicate kernel names in one extern: {keys}")
     parts = ["namespace {"]
-    for i, (_, img) in enumerate(keyed):
-        body = ",".join(str(b) for b in img.fatbin)
-        parts.append(f"alignas(64) const unsigned char kImage{i}[{len(img.fatbin)}] = {{{body}}};")
+    array_of: dict[bytes, int] = {}  # one array per distinct image (variants may share a fatbin)
+    for _, img in keyed:
+        if img.fatbin not in array_of:
+            i = array_of[img.fatbin] = len(array_of)
+            body = ",".join(str(b) for b in img.fatbin)
+            parts.append(f"alignas(64) const unsigned char kImage{i}[{len(img.fatbin)}] = {{{body}}};")
     rows = ",\n".join(
-        f'    {{"{key}", "{img.name}", kImage{i}, {int(img.shared)}u, {int(img.threads)}u}}'
-        for i, (key, img) in enumerate(keyed)
+        f'    {{"{key}", "{img.name}", kImage{array_of[img.fatbin]}, {int(img.shared)}u, {int(img.threads)}u}}'
+        for key, img in keyed
     )
     parts.append("namespace ninfer_cuda {")
     parts.append(f"const Image kImages[] = {{\n{rows}\n}};" if keyed else "const Image* kImages = nullptr;")

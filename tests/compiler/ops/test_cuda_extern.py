@@ -67,6 +67,17 @@ def test_compile_kernel_names_untyped_arguments():
                        constants={"BLOCK": 128}, arch="sm_90a")
 
 
+def test_image_table_embeds_each_distinct_image_once():
+    from ninfer_compiler.ops.cuda_extern import image_table
+    from ninfer_compiler.ops.triton_aot import KernelImage
+
+    a, b = KernelImage("k", b"", b"\x01\x02", 0, 4), KernelImage("k", b"", b"\x03", 0, 8)
+    table = image_table({"k_small": a, "k_big": a, "k_other": b})
+    assert table.count("const unsigned char kImage") == 2
+    assert '{"k_small", "k", kImage0, 0u, 128u}' in table and '{"k_big", "k", kImage0, 0u, 128u}' in table
+    assert '{"k_other", "k", kImage1, 0u, 256u}' in table
+
+
 def test_image_table_rejects_duplicate_names():
     from ninfer_compiler.ops.cuda_extern import image_table
     from ninfer_compiler.ops.triton_aot import KernelImage
