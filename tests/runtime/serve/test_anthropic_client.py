@@ -37,7 +37,9 @@ def test_message_non_streaming(anthropic_client):
 
 
 def test_thinking_blocks_and_streaming_events(anthropic_client):
-    with anthropic_client.messages.stream(model="m", max_tokens=10, messages=USER,
+    # greedy: the served defaults sample with a fresh seed, and a sampled reply may close the
+    # thinking block at once (then the first block is text)
+    with anthropic_client.messages.stream(model="m", max_tokens=10, messages=USER, extra_body={"temperature": 0.0},
                                           system="You are terse.") as stream:
         events = [e.type for e in stream]
         final = stream.get_final_message()
