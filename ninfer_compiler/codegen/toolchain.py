@@ -202,3 +202,28 @@ def cuda_build(target: tvm.target.Target) -> Iterator[BuildStats]:
     finally:
         if previous is not None:
             tvm_ffi.register_global_func(CALLBACK, previous, override=True)
+
+
+def nvcc_fatbin(source: Path, arch: str, defines: tuple[str, ...] = (), tag: str | None = None) -> bytes:
+    """nvcc's fatbin of one CUDA source for `arch`: SASS only (no PTX), `-O3`, C++17.
+
+    Cached in the kernel cache by source bytes, flags and nvcc version, so rebuilding a package
+    with unchanged kernels skips nvcc. `defines` are `-D` switches; `tag` names the cache file.
+    """
+    flags = ["-O3", "-std=c++17", f"-gencode=arch={arch.replace('sm_', 'compute_')},code={arch}",
+             *(f"-D{d}" for d in defines)]
+    text = source.read_bytes()
+    key = hashlib.sha256(b"\0".join([text, nvcc_version().encode(), " ".join(flags).encode()])).hexdigest()[:24]
+    path = kernel_cache_dir() / arch / f"{tag or source.stem}-{key}.fatbin"
+    if path.exists():
+        return path.read_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "kernel.fatbin"
+        proc = subprocess.run([nvcc_path(), "-fatbin", *flags, str(source), "-o", str(out)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ToolchainError(f"nvcc failed on {source.name}:\n{proc.stderr[-4000:]}")
+        data = out.read_bytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return data

@@ -15,9 +15,6 @@ package's host library. Elsewhere (the `cpu` target) one TE op dequantizes
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +23,7 @@ from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
-from ..codegen.toolchain import ToolchainError, kernel_cache_dir, nvcc_path, nvcc_version
+from ..codegen.toolchain import nvcc_fatbin
 from .common import dtype_tag, tuned_cuda_kernels
 from .cuda_extern import current_arch, extern
 from .triton_aot import KernelImage, compile_kernel
@@ -210,23 +207,8 @@ class CudaImage:
 
 
 def tc_fatbin(arch: str) -> bytes:
-    """nvcc's fatbin of `nvfp4_gemv_cuda.cu` for `arch` (SASS only), cached by source, flags and nvcc."""
-    source = TC_SOURCE.read_bytes()
-    flags = ["-O3", "-std=c++17", f"-gencode=arch={arch.replace('sm_', 'compute_')},code={arch}"]
-    key = hashlib.sha256(b"\0".join([source, nvcc_version().encode(), " ".join(flags).encode()])).hexdigest()[:24]
-    path = kernel_cache_dir() / arch / f"nvfp4-gemv-{key}.fatbin"
-    if path.exists():
-        return path.read_bytes()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "nvfp4_gemv.fatbin"
-        proc = subprocess.run([nvcc_path(), "-fatbin", *flags, str(TC_SOURCE), "-o", str(out)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise ToolchainError(f"nvcc failed on {TC_SOURCE.name}:\n{proc.stderr[-4000:]}")
-        data = out.read_bytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return data
+    """nvcc's fatbin of `nvfp4_gemv_cuda.cu` for `arch` (SASS only, cached)."""
+    return nvcc_fatbin(TC_SOURCE, arch, tag="nvfp4-gemv")
 
 
 SMS = {"sm_90a": 132, "sm_120a": 170, "sm_121a": 48}  # H200 / H100 SXM, RTX 5090, GB10

@@ -14,16 +14,13 @@ as the GDN gates, which dlight runs in 1-2 blocks). The second is the same sourc
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
-import tempfile
 from pathlib import Path
 
 import tvm
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn.exporter import Exporter
 
-from ..codegen.toolchain import ToolchainError, kernel_cache_dir, nvcc_path, nvcc_version
+from ..codegen.toolchain import nvcc_fatbin
 from .row_split import grouped_format
 
 HERE = Path(__file__).resolve().parent
@@ -56,25 +53,9 @@ def dense_supported(x: nn.Tensor, weight: nn.Tensor) -> bool:
 
 
 def fatbin(arch: str, dense: bool = False) -> bytes:
-    """nvcc's fatbin of the kernels for `arch` (SASS only), cached by source, arch, flags and nvcc."""
-    source = DEVICE_SOURCE.read_bytes()
-    flags = ["-O3", "-std=c++17", f"-gencode=arch={arch.replace('sm_', 'compute_')},code={arch}"]
-    if dense:
-        flags.append("-DNINFER_GEMV_DENSE_ONLY")
-    key = hashlib.sha256(b"\0".join([source, nvcc_version().encode(), " ".join(flags).encode()])).hexdigest()[:24]
-    path = kernel_cache_dir() / arch / f"qgemv-{key}.fatbin"
-    if path.exists():
-        return path.read_bytes()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "qgemv.fatbin"
-        proc = subprocess.run([nvcc_path(), "-fatbin", *flags, str(DEVICE_SOURCE), "-o", str(out)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise ToolchainError(f"nvcc failed on {DEVICE_SOURCE.name}:\n{proc.stderr[-4000:]}")
-        data = out.read_bytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return data
+    """nvcc's fatbin of the kernels for `arch` (SASS only, cached; `dense`: the dense kernels alone)."""
+    defines = ("NINFER_GEMV_DENSE_ONLY",) if dense else ()
+    return nvcc_fatbin(DEVICE_SOURCE, arch, defines, tag="qgemv")
 
 
 def host_source(arch: str, dense: bool = False) -> str:
