@@ -1,18 +1,14 @@
 """Prefill attention kernel (`ops/attention_prefill.py`) under Triton's CPU interpreter.
 
-The interpreter must be chosen before Triton is imported (`TRITON_INTERPRET=1` makes `triton.jit`
-and Triton's own library functions interpretable), and other tests import Triton first, so the
-cases run in a child process: this file run as a script. Tiny shapes with scattered pages, a
+tests/conftest.py chooses the interpreter before Triton is imported (`TRITON_INTERPRET=1`); run as
+a script with that variable set, the file runs the same cases. Tiny shapes with scattered pages, a
 nonzero context, token counts that are not a multiple of the tile and several sequences, against
 a float64 causal attention.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -77,15 +73,14 @@ def main() -> int:
     return 1 if failed else 0
 
 
-def test_interpreter_matches_float64_reference():
+def test_interpreter_matches_float64_reference(capsys):
+    """In-process: tests/conftest.py sets TRITON_INTERPRET=1 before Triton is imported."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
-    proc = subprocess.run([sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    assert proc.stdout.count(" ok") == len(CASES), proc.stdout
+    failed = main()
+    out = capsys.readouterr().out
+    assert failed == 0, out
+    assert out.count(" ok") == len(CASES), out
 
 
 if __name__ == "__main__":

@@ -1,18 +1,14 @@
 """Chunked GDN Triton kernels (`ops/gdn_chunked_triton.py`) under Triton's CPU interpreter.
 
-The interpreter must be chosen before Triton is imported (`TRITON_INTERPRET=1`), and other tests
-import Triton first, so the cases run in a child process: this file run as a script. Tiny head
-shapes; T = 1, 63, 64, 130 (partial last chunk, several chunks); two sequences in different
+tests/conftest.py chooses the interpreter before Triton is imported (`TRITON_INTERPRET=1`); run as
+a script with that variable set, the file runs the same cases. Tiny head shapes; T = 1, 63, 64, 130 (partial last chunk, several chunks); two sequences in different
 slots with a nonzero initial state or `seq_lens == 0` over a NaN slot; against the float64
 token-by-token recurrence. Other slots and layers must stay untouched.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,15 +81,14 @@ def main() -> int:
     return 1 if failed else 0
 
 
-def test_interpreter_matches_float64_recurrence():
+def test_interpreter_matches_float64_recurrence(capsys):
+    """In-process: tests/conftest.py sets TRITON_INTERPRET=1 before Triton is imported."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
-    proc = subprocess.run([sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    assert proc.stdout.count(" ok") == len(CASES), proc.stdout
+    failed = main()
+    out = capsys.readouterr().out
+    assert failed == 0, out
+    assert out.count(" ok") == len(CASES), out
 
 
 if __name__ == "__main__":
