@@ -282,10 +282,9 @@ def host_source(tag: str, split_name: str, combine_name: str, scale_log2: float)
     fields = {"@SPLIT_SYMBOL@": f"{SPLIT_SYMBOL}_{tag}", "@COMBINE_SYMBOL@": f"{COMBINE_SYMBOL}_{tag}",
               "@SPLIT@": split_name, "@COMBINE@": combine_name, "@NS@": str(MAX_SPLITS),
               "@SCALE@": repr(float(scale_log2))}
-    out = HOST_SOURCE
-    for key, value in fields.items():
-        out = out.replace(key, value)
-    return out
+    from .cuda_extern import fill_launcher
+
+    return fill_launcher(HOST_SOURCE, fields)
 
 
 def supported(q: nn.Tensor, kv_pool: nn.Tensor, page_size: int) -> bool:

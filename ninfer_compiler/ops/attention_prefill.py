@@ -231,10 +231,9 @@ def host_source(kernel_name: str, arch: str, hq: int, hkv: int, d: int, page_siz
     values = {"@SYMBOL@": SYMBOL, "@KERNEL@": kernel_name, "@HQ@": str(hq), "@HKV@": str(hkv),
               "@D@": str(d), "@PS@": str(page_size), "@BLOCK_M@": str(config(arch, d)[0]),
               "@SCALE@": repr(float(scale_log2))}
-    out = HOST_SOURCE
-    for key, value in values.items():
-        out = out.replace(key, value)
-    return out
+    from .cuda_extern import fill_launcher
+
+    return fill_launcher(HOST_SOURCE, values)
 
 
 def supported(q: nn.Tensor, kv_pool: nn.Tensor, page_size: int) -> bool:

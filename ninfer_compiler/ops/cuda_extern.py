@@ -8,6 +8,7 @@ inputs, then scalars, then the output) plus the kernel images it launches. We pr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -68,6 +69,23 @@ def image_table(images: Sequence[Image] | dict[str, Image]) -> str:
     parts.append("}  // namespace ninfer_cuda")
     parts.append("}  // namespace")
     return "\n".join(parts) + "\n"
+
+
+PLACEHOLDER = re.compile(r"@([A-Z][A-Z0-9_]*)@")
+
+
+def fill_launcher(template: str, values: dict[str, object]) -> str:
+    """`template` with every `@NAME@` replaced by `values["NAME"]` (keys may keep their `@`s).
+
+    Launchers are C++ text with per-shape constants; a placeholder left unfilled or a value with
+    no placeholder is a build error naming it, not a C++ compile error later.
+    """
+    given = {k.strip("@"): str(v) for k, v in values.items()}
+    wanted = set(PLACEHOLDER.findall(template))
+    missing, unused = sorted(wanted - given.keys()), sorted(given.keys() - wanted)
+    if missing or unused:
+        raise ValueError(f"launcher template: no value for {missing}, no placeholder for {unused}")
+    return PLACEHOLDER.sub(lambda m: given[m.group(1)], template)
 
 
 def host_source(launcher: str, images: Sequence[Image] | dict[str, Image]) -> str:

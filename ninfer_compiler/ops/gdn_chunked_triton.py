@@ -277,10 +277,9 @@ def host_source(tag: str, hk: int, hv: int, dk: int, dv: int, prep_name: str, st
     fields = {"@HK@": str(hk), "@HV@": str(hv), "@DK@": str(dk), "@DV@": str(dv), "@BV@": str(bv),
               "@BT@": str(CHUNK), "@PREP@": prep_name, "@STATE@": state_name,
               "@PREP_SYMBOL@": f"{PREP_SYMBOL}_{tag}", "@STATE_SYMBOL@": f"{STATE_SYMBOL}_{tag}"}
-    out = HOST_SOURCE
-    for key, value in fields.items():
-        out = out.replace(key, value)
-    return out
+    from .cuda_extern import fill_launcher
+
+    return fill_launcher(HOST_SOURCE, fields)
 
 
 def supported(q, k, v, g, beta, state) -> bool:

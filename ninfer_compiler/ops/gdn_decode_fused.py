@@ -21,7 +21,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 from .common import tuned_cuda_kernels
-from .cuda_extern import current_arch, extern, inplace_call
+from .cuda_extern import current_arch, extern, fill_launcher, inplace_call
 from .gdn_gates import SOFTPLUS_THRESHOLD
 from .triton_aot import KernelImage, compile_kernel
 
@@ -101,9 +101,9 @@ tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor> gdn_decode(
     TensorView norm_w, TensorView slots, TensorView lens, int64_t layer, double eps, tvm::ffi::Tensor out,
     tvm::ffi::Tensor state) {
   const int64_t batch = mixed.shape()[0];
-  TVM_FFI_ICHECK(state.ndim() == 5 && state.shape()[2] == HV_ && state.shape()[3] == DK_ && state.shape()[4] == DV_)
+  TVM_FFI_ICHECK(state.ndim() == 5 && state.shape()[2] == @HV@ && state.shape()[3] == @DK@ && state.shape()[4] == @DV@)
       << "ninfer_gdn_decode: state shape";
-  TVM_FFI_ICHECK(out.numel() == batch * HV_ * DV_ && z.numel() == batch * HV_ * DV_) << "ninfer_gdn_decode: shapes";
+  TVM_FFI_ICHECK(out.numel() == batch * @HV@ * @DV@ && z.numel() == batch * @HV@ * @DV@) << "ninfer_gdn_decode: shapes";
   uint64_t p[11] = {ninfer_cuda::pointer(mixed, "mixed"), reinterpret_cast<uint64_t>(ninfer_cuda::address(a)),
                     reinterpret_cast<uint64_t>(ninfer_cuda::address(b)), reinterpret_cast<uint64_t>(ninfer_cuda::address(a_log)),
                     reinterpret_cast<uint64_t>(ninfer_cuda::address(dt_bias)), ninfer_cuda::pointer(z, "z"),
@@ -112,14 +112,14 @@ tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor> gdn_decode(
                     reinterpret_cast<uint64_t>(ninfer_cuda::address(lens)), ninfer_cuda::pointer(out, "out")};
   int32_t layer32 = static_cast<int32_t>(layer), num_slots = static_cast<int32_t>(state.shape()[1]);
   float eps32 = static_cast<float>(eps);
-  ninfer_cuda::launch(KERNEL_, static_cast<unsigned>(batch), HV_, 1,
+  ninfer_cuda::launch(@KERNEL@, static_cast<unsigned>(batch), @HV@, 1,
                       {&p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8], &p[9], &p[10],
                        &layer32, &num_slots, &eps32},
                       mixed.device().device_id);
   return tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor>(out, state);
 }
 }  // namespace
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(SYMBOL_, gdn_decode);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(@SYMBOL@, gdn_decode);
 """
 
 
@@ -143,8 +143,7 @@ def gdn_decode_fused(
     img = image(hk, hv, dk, dv, str(norm_w.dtype), str(a_log.dtype), arch)
     key = f"gdn_decode_{hk}_{hv}_{dk}_{dv}_{norm_w.dtype}_{a_log.dtype}"
     symbol = f"{SYMBOL}_{hk}_{hv}_{dk}_{dv}"
-    launcher = (LAUNCHER.replace("HV_", str(hv)).replace("DK_", str(dk)).replace("DV_", str(dv))
-                .replace("KERNEL_", f'"{img.name}"').replace("SYMBOL_", symbol))
+    launcher = fill_launcher(LAUNCHER, {"HV": hv, "DK": dk, "DV": dv, "KERNEL": f'"{img.name}"', "SYMBOL": symbol})
     # registers the launcher library with the export (the call itself is emitted below)
     extern(key, {symbol: lambda *args: args[-1]}, launcher, [img])
     out = op.empty([mixed.shape[0], 1, hv * dv], "bfloat16", name="gdn_decode_out")

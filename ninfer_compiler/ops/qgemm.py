@@ -143,10 +143,9 @@ def launcher_source(symbol: str, bits: int, n: int, k: int, narrow: Config, wide
         "@WIDE_BM@": str(wide.block_m if wide else 0),
         "@WIDE@": kernel_name(bits, n, k, wide) if wide else kernel_name(bits, n, k, narrow),
     }
-    out = LAUNCHER
-    for key, value in subs.items():
-        out = out.replace(key, value)
-    return out
+    from .cuda_extern import fill_launcher
+
+    return fill_launcher(LAUNCHER, subs)
 
 
 def qgemm(x: nn.Tensor, base: nn.Tensor, high: nn.Tensor | None, scales: nn.Tensor, fmt: str) -> nn.Tensor:

@@ -78,6 +78,16 @@ def test_image_table_embeds_each_distinct_image_once():
     assert '{"k_other", "k", kImage1, 0u, 256u}' in table
 
 
+def test_fill_launcher_fills_and_names_what_is_missing():
+    from ninfer_compiler.ops.cuda_extern import fill_launcher
+
+    assert fill_launcher("f(@N@, @N_ROWS@);", {"N": 4, "@N_ROWS@": 8}) == "f(4, 8);"
+    with pytest.raises(ValueError, match="N_ROWS"):
+        fill_launcher("f(@N@, @N_ROWS@);", {"N": 4})
+    with pytest.raises(ValueError, match="EXTRA"):
+        fill_launcher("f(@N@);", {"N": 4, "EXTRA": 1})
+
+
 def test_image_table_rejects_duplicate_names():
     from ninfer_compiler.ops.cuda_extern import image_table
     from ninfer_compiler.ops.triton_aot import KernelImage
