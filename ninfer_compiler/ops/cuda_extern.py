@@ -152,3 +152,19 @@ def inplace_call(symbol: str, args: list, mutated: list):  # noqa: ANN201 (nn.Te
         ty_args=[relax.TupleType(types) if len(types) > 1 else types[0]],
     )
     return op.wrap_nested(call, name=symbol)
+
+
+def dps_call(symbol: str, args: list, outputs: list):  # noqa: ANN201 (a tuple of nn.Tensor)
+    """Call the packed function `symbol(*args, *outputs)` that writes several fresh outputs.
+
+    `outputs` are placeholders (`nn.Tensor.placeholder(shape, dtype)`) giving each result's type;
+    the extern's module must already be registered (`extern`). Why not `module[symbol](...)`:
+    its output inference takes one tensor type only.
+    """
+    from tvm import relax
+    from tvm.relax.frontend.nn import op
+
+    exprs = [relax.prim_value(a) if isinstance(a, (int, float)) else a._expr for a in args]  # noqa: SLF001
+    types = [t._expr.ty for t in outputs]  # noqa: SLF001 (nn.Tensor's expr)
+    call = relax.op.call_dps_packed(symbol, relax.Tuple(exprs), types)
+    return op.wrap_nested(call, name=symbol)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
+from ...ops import attention_prologue, fused_linear
 from ...ops.paged_attention import kv_append, paged_attention
 from ..options import WeightPlan
 from .linear import make_linear
@@ -53,16 +54,30 @@ class GatedAttention(nn.Module):
         seq_lens: nn.Tensor,
         layer: int,
         page_size: int,
+        residual: nn.Tensor,
     ) -> tuple[nn.Tensor, nn.Tensor]:
-        """`h [B, T, H]` -> `(y [B, T, H], kv_pool)`; `layer` indexes attention layers only."""
+        """`h [B, T, H]` -> `(residual + y [B, T, H], kv_pool)`; `layer` indexes attention layers only."""
         b, t = h.shape[0], h.shape[1]
         d = self.head_dim
-        q = op.reshape(self.query(h), [b, t, self.num_heads, d])
-        k = op.reshape(self.key(h), [b, t, self.num_kv_heads, d])
-        v = op.reshape(self.value(h), [b, t, self.num_kv_heads, d])
-        q = self.rope(self.query_norm(q), positions)
-        k = self.rope(self.key_norm(k), positions)
-        kv_pool = kv_append(kv_pool, k, v, page_table, seq_lens, layer, page_size)
+        q, gate, k, v = fused_linear.multi_linear(
+            h, [[self.query], [self.gate], [self.key], [self.value]]
+        )
+        if (attention_prologue.supported(q, kv_pool, d, self.rope.rotary_dim)
+                and self.query_norm.eps == self.key_norm.eps):
+            # q/k norms, MRoPE and the K/V append in one kernel
+            q, kv_pool = attention_prologue.attention_prologue(
+                q, k, v, self.query_norm.weight, self.key_norm.weight, positions, kv_pool, page_table,
+                seq_lens, layer, self.query_norm.eps, num_heads=self.num_heads,
+                num_kv_heads=self.num_kv_heads, head_dim=d, page_size=page_size,
+                rotary_dim=self.rope.rotary_dim, theta=self.rope.theta, sections=self.rope.sections,
+            )
+        else:
+            q = op.reshape(q, [b, t, self.num_heads, d])
+            k = op.reshape(k, [b, t, self.num_kv_heads, d])
+            v = op.reshape(v, [b, t, self.num_kv_heads, d])
+            q = self.rope(self.query_norm(q), positions)
+            k = self.rope(self.key_norm(k), positions)
+            kv_pool = kv_append(kv_pool, k, v, page_table, seq_lens, layer, page_size)
         o = paged_attention(q, kv_pool, page_table, seq_lens, layer, page_size)
-        o = op.reshape(o, [b, t, self.num_heads * d]) * op.sigmoid(self.gate(h))
-        return self.output(o), kv_pool
+        o = op.reshape(o, [b, t, self.num_heads * d]) * op.sigmoid(gate)
+        return fused_linear.linear_add(o, self.output, residual), kv_pool

@@ -11,7 +11,7 @@ from __future__ import annotations
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
-from ...ops import gdn_decode_fused
+from ...ops import fused_linear, gdn_decode_fused
 from ...ops.conv1d import causal_conv1d_with_state
 from ...ops.gated_delta_rule import gated_delta_rule
 from ...ops.gdn_gates import gdn_gates
@@ -62,24 +62,28 @@ class GatedDeltaNet(nn.Module):
         seq_lens: nn.Tensor,
         layer: int,
         chunked: bool,
+        residual: nn.Tensor,
     ) -> tuple[nn.Tensor, nn.Tensor, nn.Tensor]:
-        """`h [B, T, H]` -> `(y, gdn_state, conv_state)`; `layer` indexes GDN layers only.
+        """`h [B, T, H]` -> `(residual + y, gdn_state, conv_state)`; `layer` indexes GDN layers only.
 
         Sequences with `seq_lens[b] == 0` start from zero conv and recurrent state.
         """
         b, t = h.shape[0], h.shape[1]
-        mixed = op.concat([self.query(h), self.key(h), self.value(h)], dim=-1)
+        # one launch for every projection of h where the kernels allow it (decode on CUDA)
+        mixed, z, a, beta_in = fused_linear.multi_linear(
+            h, [[self.query, self.key, self.value], [self.z], [self.a_projection], [self.b_projection]]
+        )
         mixed, conv_state = causal_conv1d_with_state(
             mixed, self.convolution, conv_state, slot_ids, seq_lens, layer
         )
         if gdn_decode_fused.supported(mixed, gdn_state, self.dk, self.dv):
             # decode on CUDA: gates, norms, the rule and the gated norm in one kernel
             o, gdn_state = gdn_decode_fused.gdn_decode_fused(
-                mixed, self.a_projection(h), self.b_projection(h), self.a_log, self.dt_bias,
-                self.z(h), self.norm.weight, gdn_state, slot_ids, seq_lens, layer, self.norm.eps,
+                mixed, a, beta_in, self.a_log, self.dt_bias,
+                z, self.norm.weight, gdn_state, slot_ids, seq_lens, layer, self.norm.eps,
                 self.hk, self.hv, self.dk, self.dv,
             )
-            return self.output(o), gdn_state, conv_state
+            return fused_linear.linear_add(o, self.output, residual), gdn_state, conv_state
         key_width = self.hk * self.dk
         q, k, v = op.split(mixed, [key_width, 2 * key_width], axis=-1)
         q = l2_norm(op.reshape(q, [b, t, self.hk, self.dk]), scale=self.dk**-0.5)
@@ -87,12 +91,13 @@ class GatedDeltaNet(nn.Module):
         v = op.reshape(v, [b, t, self.hv, self.dv])
         if v.dtype != "float32":
             v = v.astype("float32")
-        g, beta = gdn_gates(self.a_projection(h), self.b_projection(h), self.a_log, self.dt_bias)
+        g, beta = gdn_gates(a, beta_in, self.a_log, self.dt_bias)
         o, gdn_state = gated_delta_rule(
             q, k, v, g, beta, gdn_state, slot_ids, seq_lens, layer, chunked
         )
-        z = op.reshape(self.z(h), [b, t, self.hv, self.dv])
+        z = op.reshape(z, [b, t, self.hv, self.dv])
         if o.dtype != z.dtype:
             o = o.astype(z.dtype)
         o = self.norm(o, z)
-        return self.output(op.reshape(o, [b, t, self.hv * self.dv])), gdn_state, conv_state
+        o = op.reshape(o, [b, t, self.hv * self.dv])
+        return fused_linear.linear_add(o, self.output, residual), gdn_state, conv_state

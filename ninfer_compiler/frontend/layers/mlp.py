@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tvm.relax.frontend import nn
-from tvm.relax.frontend.nn import op
 
+from ...ops import fused_linear
 from ..options import WeightPlan
 from .linear import make_linear
 
@@ -18,4 +18,8 @@ class SwiGLU(nn.Module):
         self.down = make_linear(intermediate, hidden, plan, f"{path}.down")
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
-        return self.down(op.silu(self.gate(x)) * self.up(x))
+        return self.down(fused_linear.swiglu(x, self.gate, self.up))
+
+    def forward_add(self, x: nn.Tensor, residual: nn.Tensor) -> nn.Tensor:
+        """`residual + forward(x)`, the add fused into the down projection where it can be."""
+        return fused_linear.linear_add(fused_linear.swiglu(x, self.gate, self.up), self.down, residual)

@@ -109,19 +109,18 @@ class Qwen35DecoderLayer(nn.Module):
     def forward(self, x: nn.Tensor, step: StepInputs, caches: Caches) -> tuple[nn.Tensor, Caches]:
         h = self.input_norm(x)
         if self.is_attention:
-            h, kv_pool = self.attention(
+            x, kv_pool = self.attention(
                 h, step.positions, caches.kv_pool, step.page_table, step.seq_lens,
-                self.cache_index, step.page_size,
+                self.cache_index, step.page_size, residual=x,
             )  # fmt: skip
             caches = replace(caches, kv_pool=kv_pool)
         else:
-            h, gdn_state, conv_state = self.gdn(
+            x, gdn_state, conv_state = self.gdn(
                 h, caches.gdn_state, caches.conv_state, step.slot_ids, step.seq_lens,
-                self.cache_index, step.chunked,
+                self.cache_index, step.chunked, residual=x,
             )  # fmt: skip
             caches = replace(caches, gdn_state=gdn_state, conv_state=conv_state)
-        x = x + h
-        x = x + self.mlp(self.post_attention_norm(x))
+        x = self.mlp.forward_add(self.post_attention_norm(x), residual=x)
         return x, caches
 
 

@@ -9,6 +9,8 @@ placement are checked on the compiled CUDA source.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import tvm
 
@@ -51,12 +53,18 @@ def test_cuda_export_binds_threads():
     from ninfer_compiler.frontend.qwen3_5.model import Qwen35ForCausalLM
     from tests.compiler.test_build import TEXT
 
+    from ninfer_compiler.ops.common import reference_kernels
+
     model = Qwen35ForCausalLM(Qwen35TextConfig.from_dict(TEXT), ModelOptions(dtype="bfloat16"))
-    with tvm_target(targets.load("h200")):
-        mod, _ = export_module(model)
-    custom = {gv.name_hint: f for gv, f in mod.functions.items()
-              if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tirx.is_scheduled" in f.attrs}
-    assert sorted(custom) == ["causal_conv1d_gpu", "gdn_chunked_gpu", "gdn_recurrent_gpu", "kv_append_gpu",
-                              "paged_attention_gpu"]
-    for name, func in custom.items():
-        assert "threadIdx.x" in func.script() and "blockIdx.x" in func.script(), name
+    # tuned kernels on: the KV append is part of the attention prologue (a Triton extern)
+    expected = {False: ["causal_conv1d_gpu", "gdn_chunked_gpu", "gdn_recurrent_gpu", "paged_attention_gpu"],
+                True: ["causal_conv1d_gpu", "gdn_chunked_gpu", "gdn_recurrent_gpu", "kv_append_gpu",
+                       "paged_attention_gpu"]}
+    for reference in (False, True):
+        with tvm_target(targets.load("h200")), reference_kernels() if reference else contextlib.nullcontext():
+            mod, _ = export_module(model)
+        custom = {gv.name_hint: f for gv, f in mod.functions.items()
+                  if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tirx.is_scheduled" in f.attrs}
+        assert sorted(custom) == expected[reference]
+        for name, func in custom.items():
+            assert "threadIdx.x" in func.script() and "blockIdx.x" in func.script(), name

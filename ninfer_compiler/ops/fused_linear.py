@@ -1,0 +1,76 @@
+"""Projections fused with their neighbours: several weights on one input, SwiGLU, residual add.
+
+Why: on the GPU every projection launch has a fixed cost (ramp, tail, launch gap) and every
+elementwise op between projections is a kernel of its own that re-reads and re-writes its
+activations. Decode runs ~8 projections per layer on the same few kilobytes of activations, so
+the decode GEMVs (`ops/qgemv.py`) and prefill GEMMs (`ops/qgemm.py`) offer fused forms: one
+launch for all the weights that read the same input, the SwiGLU product computed from the gate and
+up accumulators, and the residual added before the single rounding of the output.
+
+The functions here take the projection modules (`Linear`, `QuantizedLinear`) and choose: the fused
+kernel when the target and the weights allow it, else exactly the unfused composition (the CPU
+path, the reference kernels, nvfp4 weights, unsupported shapes), so a model reads the same either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import op
+
+from . import qgemm, qgemv
+from .common import tuned_cuda_kernels
+from .linear_weight import LinearWeight, linear_weight
+
+
+def _decode_shaped(x: nn.Tensor) -> bool:
+    shape = x.shape
+    return len(shape) == 3 and isinstance(shape[1], int) and shape[1] == 1
+
+
+def _kernel(name: str, x: nn.Tensor, modules: Sequence[nn.Module]) -> tuple[Callable | None, list[LinearWeight]]:
+    """The fused op `name` of the kernel family that fits `x` (decode GEMV or prefill GEMM) and the
+    modules' weights, or None when the unfused composition must run."""
+    if not tuned_cuda_kernels():
+        return None, []
+    weights = [linear_weight(m) for m in modules]
+    if any(w is None for w in weights):
+        return None, []
+    family = qgemv if _decode_shaped(x) else qgemm
+    supported = getattr(family, "fused_supported", None)
+    fn = getattr(family, name, None)
+    if supported is None or fn is None or not supported(x, weights):
+        return None, []
+    return fn, weights
+
+
+def multi_linear(x: nn.Tensor, groups: Sequence[Sequence[nn.Module]]) -> list[nn.Tensor]:
+    """For each group, the concatenation (last axis) of its modules' outputs on `x`."""
+    fn, weights = _kernel("gemv_multi", x, [m for g in groups for m in g])
+    if fn is not None:
+        it = iter(weights)
+        return list(fn(x, [[next(it) for _ in g] for g in groups]))
+    outs = []
+    for group in groups:
+        parts = [m(x) for m in group]
+        outs.append(parts[0] if len(parts) == 1 else op.concat(parts, dim=-1))
+    return outs
+
+
+def swiglu(x: nn.Tensor, gate: nn.Module, up: nn.Module) -> nn.Tensor:
+    """`silu(gate(x)) * up(x)`."""
+    name = "gemv_swiglu" if _decode_shaped(x) else "qgemm_swiglu"
+    fn, weights = _kernel(name, x, [gate, up])
+    if fn is not None:
+        return fn(x, *weights)
+    return op.silu(gate(x)) * up(x)
+
+
+def linear_add(x: nn.Tensor, module: nn.Module, residual: nn.Tensor) -> nn.Tensor:
+    """`residual + module(x)`."""
+    name = "gemv_add" if _decode_shaped(x) else "qgemm_add"
+    fn, weights = _kernel(name, x, [module])
+    if fn is not None:
+        return fn(x, weights[0], residual)
+    return residual + module(x)
