@@ -28,6 +28,7 @@ from .codegen.fatbin import inspect_library
 from .codegen.graphs import add_graph_variants, bucket_sizes, graph_name
 from .codegen.toolchain import ToolchainError, cuda_build
 from .frontend.options import ModelOptions
+from .ops.common import kernel_features
 
 # text component architecture -> frontend package (binding.py + model.py)
 FRONTENDS = {"Qwen3_5ForCausalLM": "ninfer_compiler.frontend.qwen3_5"}
@@ -186,7 +187,8 @@ def compile_artifact(
             "artifact": {"path": str(artifact_path), "artifact_id": art.artifact_id, "components": ["text"]},
             "target": {"name": target.name, "device": target.device, "cuda_arch": target.cuda_arch,
                        "host": codegen_targets.host_arch(target.host_triple) if target.is_cuda else platform.machine()},
-            "compile": {"options": vars(options), "versions": _versions(), "stage_seconds": report.stage_seconds},
+            "compile": {"options": vars(options), "versions": _versions(), "stage_seconds": report.stage_seconds,
+                        **({"kernel_features": kernel_features()} if target.is_cuda else {})},
             "functions": _signatures(model),
             **({"device_code": device_code,
                 "cuda_graphs": {"decode": {"function": graph_name("decode"),
@@ -221,6 +223,9 @@ def _signatures(model) -> dict:
                 continue
             args[arg] = {"shape": [d if isinstance(d, int) else str(d) for d in s.shape], "dtype": s.dtype}
         out[name] = {"inputs": args, "params": "packed tuple (manifest params order)"}
+        outputs = getattr(model, "OUTPUTS", {}).get(name)
+        if outputs is not None:
+            out[name]["outputs"] = list(outputs)
     return out
 
 

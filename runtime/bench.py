@@ -40,6 +40,9 @@ class BenchReport:
     prefill_tok_s: float
     decode: list[DecodeRow] = field(default_factory=list)
     repeats: int = 0
+    # what a decode step copies to the host: each row's greedy token ("tokens", chosen on the
+    # device, as serving greedy requests does) or the whole logits row ("logits", older packages)
+    decode_readback: str = "logits"
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -48,7 +51,8 @@ class BenchReport:
         lines = [
             f"package {self.package}  target {self.target}  weights read per decode step {self.weight_bytes / 1e9:.3f} GB  "
             f"copy bandwidth {self.copy_gb_s:.1f} GB/s (measured)",
-            f"prefill  {self.prompt_len} tokens: {self.prefill_ms:.2f} ms, {self.prefill_tok_s:.1f} tok/s",
+            f"prefill  {self.prompt_len} tokens: {self.prefill_ms:.2f} ms, {self.prefill_tok_s:.1f} tok/s"
+            f"  (decode steps read back: {self.decode_readback})",
             f"{'concurrency':>11} {'step ms':>9} {'tok/s/req':>10} {'tok/s total':>12} {'weights GB/s':>13} {'of roofline':>12}",
         ]
         for r in self.decode:
@@ -120,7 +124,9 @@ def run_bench(runner: ModelRunner, *, prompt_len: int, decode_tokens: int, concu
         prefill_once()
     prefill = statistics.median(prefill_once() for _ in range(repeats))
     report = BenchReport(str(runner.package), runner.manifest.target["name"], weight_bytes, copy, prompt_len,
-                         prefill * 1e3, prompt_len / prefill, repeats=repeats)
+                         prefill * 1e3, prompt_len / prefill, repeats=repeats,
+                         decode_readback="tokens" if runner.device_greedy else "logits")
+    step_fn = runner.decode_greedy if runner.device_greedy else runner.decode
     context = min(64, runner.max_context - decode_tokens - warmup - 1)
     if context < 1:
         raise ValueError(f"--decode-tokens {decode_tokens} does not fit the package's max_context {runner.max_context}")
@@ -133,13 +139,13 @@ def run_bench(runner: ModelRunner, *, prompt_len: int, decode_tokens: int, concu
                 runner.prefill(s, rng.integers(2, vocab, context))
             tokens = rng.integers(2, vocab, c)
             for _ in range(warmup):
-                runner.decode(seqs, tokens)
+                step_fn(seqs, tokens)
             steps = []
             for _ in range(decode_tokens):
                 tokens = rng.integers(2, vocab, c)
                 _sync(runner)
                 start = time.perf_counter()
-                runner.decode(seqs, tokens)
+                step_fn(seqs, tokens)
                 _sync(runner)
                 steps.append(time.perf_counter() - start)
         finally:

@@ -40,7 +40,7 @@ from .requests import (
     check_request,
 )
 from .runner import ModelRunner
-from .sampling import sample
+from .sampling import TokenChoice, sample
 from .scheduler import Scheduler
 from .text import Tokenizer
 
@@ -199,19 +199,26 @@ class Engine:
 
     def _decode(self, batch: list[Request]) -> None:
         tokens = [req.next_input() for req in batch]
+        # plain greedy requests take the device's choice; then no logits cross to the host
+        on_device = all(req.sampling.plain_greedy and req.params.allowed_tokens is None for req in batch)
         try:
-            logits = self.runner.decode([req.cache for req in batch], tokens)
+            if on_device:
+                ids, logprobs = self.runner.decode_greedy([req.cache for req in batch], tokens)
+            else:
+                logits = self.runner.decode([req.cache for req in batch], tokens)
         except Exception as exc:
             _log.exception("decode step failed")
             for req in batch:
                 self._finish(req, "error", error=f"decode failed: {exc}")
             return
-        for req, row in zip(batch, logits, strict=True):
-            if req.cache.length == req.total_tokens:
-                self._sample(req, row)
-            else:
+        for i, req in enumerate(batch):
+            if req.cache.length != req.total_tokens:
                 req.handle.stats.recomputed_tokens += 1
                 self._metrics.add(recomputed_tokens=1)
+            elif on_device:
+                self._accept(req, TokenChoice(int(ids[i]), float(logprobs[i])))
+            else:
+                self._sample(req, logits[i])
 
     def _prefill(self, req: Request, tokens: list[int]) -> None:
         try:
@@ -258,6 +265,12 @@ class Engine:
             _log.exception("sampling for %s failed", req.handle.id)
             self._finish(req, "error", error=f"sampling failed: {exc}")
             return
+        self._accept(req, choice)
+
+    def _accept(self, req: Request, choice: TokenChoice) -> None:
+        """The chosen token becomes the request's next output (stop checks, stats, delivery)."""
+        if req.cancel_requested:
+            return  # reaped at the end of this step
         now = time.perf_counter()
         stats = req.handle.stats
         token = choice.token

@@ -97,7 +97,7 @@ class ModelRunner:
         self.vm = tvm_vm.VirtualMachine(lib, self.device)
         self._prefill = self.vm["prefill"]
         self._prefill_all = self.vm["prefill_all_logits"]
-        self._decode = self.vm["decode"]
+        self._decode_fn = self.vm["decode"]
         # CUDA graphs, one per batch bucket. Padding rows of a bucket write one scratch KV page and
         # one scratch state slot, allocated past the pool's own (which never hands them out).
         graphs = self.manifest.raw.get("cuda_graphs", {}).get("decode") if self.options.cuda_graphs else None
@@ -168,7 +168,8 @@ class ModelRunner:
         """MRoPE positions of plain text: three equal rows."""
         return np.broadcast_to(np.arange(start, start + count, dtype=np.int32), (3, count)).copy()
 
-    def _call(self, fn, tokens: np.ndarray, positions: np.ndarray, seqs: list[SequenceCache]) -> np.ndarray:
+    def _call(self, fn, tokens: np.ndarray, positions: np.ndarray, seqs: list[SequenceCache]):  # noqa: ANN202
+        """The entry function's outputs (device tensors; the caches are taken over)."""
         out = fn(
             self._tensor(tokens.astype(np.int32)),
             self._tensor(positions.astype(np.int32)),
@@ -177,8 +178,8 @@ class ModelRunner:
             self._tensor(np.array([s.slot for s in seqs], np.int32)),
             self.kv_pool, self.gdn_state, self.conv_state, self.params,
         )
-        logits, self.kv_pool, self.gdn_state, self.conv_state = out[0], out[1], out[2], out[3]
-        return logits.numpy()
+        self.kv_pool, self.gdn_state, self.conv_state = out[1], out[2], out[3]
+        return out
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -205,13 +206,37 @@ class ModelRunner:
             chunk = tokens[start : start + self.prefill_chunk]
             pos = (self.text_positions(seq.length, chunk.size) if positions is None
                    else positions[:, start : start + chunk.size])
-            logits = self._call(self._prefill_all if all_logits else self._prefill, chunk, pos, [seq])
+            logits = self._call(self._prefill_all if all_logits else self._prefill, chunk, pos, [seq])[0].numpy()
             seq.length += chunk.size
             pieces.append(logits)
         return np.concatenate(pieces) if all_logits else pieces[-1][0]
 
     def decode(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray) -> np.ndarray:
         """One new token for each sequence; logits `[len(seqs), vocab]`."""
+        out, n = self._decode(seqs, tokens)
+        return out[0].numpy()[:n]
+
+    def decode_greedy(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One new token for each sequence; each row's greedy choice `(token [n] int32, its
+        log-probability [n] fp32)`. Packages that choose on the device copy only these 8 bytes
+        per sequence; older ones fall back to the logits (same result)."""
+        out, n = self._decode(seqs, tokens)
+        if self.device_greedy:
+            return out[4].numpy()[:n], out[5].numpy()[:n]
+        logits = out[0].numpy()[:n].astype(np.float64)
+        token = np.argmax(logits, axis=-1).astype(np.int32)  # ties -> lowest id
+        top = logits.max(axis=-1)
+        lse = top + np.log(np.exp(logits - top[:, None]).sum(axis=-1))
+        return token, (logits[np.arange(n), token] - lse).astype(np.float32)
+
+    @property
+    def device_greedy(self) -> bool:
+        """Whether `decode` also returns each row's greedy choice (packages compiled since it does)."""
+        outputs = self.manifest.raw.get("functions", {}).get("decode", {}).get("outputs", [])
+        return "greedy_token" in outputs
+
+    def _decode(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray):  # noqa: ANN202
+        """Run one decode step; `(the function's outputs, rows that are real)`."""
         tokens = np.asarray(tokens, np.int32)
         for s in seqs:
             if s.length + 1 > self.max_context:
@@ -220,15 +245,14 @@ class ModelRunner:
         positions = np.stack([self.text_positions(s.length, 1)[:, 0] for s in seqs], axis=1)
         bucket = next((b for b in self.graph_buckets if b >= len(seqs)), None)
         if bucket is None:
-            logits = self._call(self._decode, tokens, positions, seqs)
+            out = self._call(self._decode_fn, tokens, positions, seqs)
         else:
-            logits = self._call_graph(bucket, tokens, positions, seqs)
+            out = self._call_graph(bucket, tokens, positions, seqs)
         for s in seqs:
             s.length += 1
-        return logits
+        return out, len(seqs)
 
-    def _call_graph(self, bucket: int, tokens: np.ndarray, positions: np.ndarray,
-                    seqs: list[SequenceCache]) -> np.ndarray:
+    def _call_graph(self, bucket: int, tokens: np.ndarray, positions: np.ndarray, seqs: list[SequenceCache]):  # noqa: ANN202
         """Decode through the bucket's CUDA graph; rows past `len(seqs)` are padding."""
         n, pad = len(seqs), bucket - len(seqs)
         inputs = self._graph_inputs.get(bucket)
@@ -244,5 +268,5 @@ class ModelRunner:
             np.array([s.slot for s in seqs] + [self.scratch_slot] * pad, np.int32),
         )
         out = self._decode_graph(*args, self.kv_pool, self.gdn_state, self.conv_state, self.params)
-        logits, self.kv_pool, self.gdn_state, self.conv_state = out[0], out[1], out[2], out[3]
-        return logits.numpy()[:n]
+        self.kv_pool, self.gdn_state, self.conv_state = out[1], out[2], out[3]
+        return out

@@ -51,6 +51,13 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature == 0.0
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that needs the whole logits row on the host (no penalties, no
+        alternatives to report): the device's per-row choice is then the same token."""
+        return (self.is_greedy and not self.logprobs and self.repetition_penalty == 1.0
+                and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0)
+
 
 @dataclass
 class TokenChoice:

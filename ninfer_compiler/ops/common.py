@@ -50,6 +50,36 @@ def tuned_cuda_kernels() -> bool:
     return not (_REFERENCE_KERNELS.get() or os.environ.get("NINFER_REFERENCE_KERNELS") == "1")
 
 
+# Tuned kernels a package uses only when asked (`kernel_feature`): each was built for every CUDA
+# arch and checked on the CPU (Triton's interpreter, bit-level emulation of CUDA fragment code) but
+# has not yet run on a GPU of its target; its default turns on once a device run validates it
+# (tests/gpu/, docs/performance.md). Everything not listed here is on whenever tuned kernels are.
+KERNEL_FEATURES: dict[str, bool] = {}
+
+
+def kernel_feature(name: str) -> bool:
+    """Whether the opt-in tuned kernel `name` is used: its `KERNEL_FEATURES` default, overridden by
+    `NINFER_KERNELS` (comma-separated `+name` / `-name`, or `+all`). Off with the reference kernels."""
+    if name not in KERNEL_FEATURES:
+        raise KeyError(f"unknown kernel feature {name!r}; known: {', '.join(sorted(KERNEL_FEATURES)) or 'none'}")
+    if not tuned_cuda_kernels():
+        return False
+    return kernel_features()[name]
+
+
+def kernel_features() -> dict[str, bool]:
+    """The effective state of every opt-in kernel (recorded in a package's manifest)."""
+    state = dict(KERNEL_FEATURES)
+    for item in filter(None, (x.strip() for x in os.environ.get("NINFER_KERNELS", "").split(","))):
+        sign, name = item[0], item[1:]
+        if sign not in "+-" or (name != "all" and name not in state):
+            raise ValueError(f"NINFER_KERNELS: {item!r} is not +NAME or -NAME with NAME in "
+                             f"{', '.join(sorted(state)) or 'none'} or all")
+        for key in state if name == "all" else [name]:
+            state[key] = sign == "+"
+    return state
+
+
 @contextlib.contextmanager
 def reference_kernels() -> Iterator[None]:
     """Export with the TIR reference kernels only (see `tuned_cuda_kernels`)."""

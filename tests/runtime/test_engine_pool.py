@@ -63,14 +63,17 @@ def test_model_failure_fails_the_batch_and_the_engine_keeps_serving(make_engine,
     a, b = prompts((8, 12))
     params = GenerationParams(max_tokens=6, sampling=GREEDY, ignore_eos=True)
     expected = tokens_of(alone(engine, a, params))
-    original = engine.runner.decode
-    monkeypatch.setattr(engine.runner, "decode", lambda seqs, toks: (_ for _ in ()).throw(RuntimeError("device lost")))
+    original, original_greedy = engine.runner.decode, engine.runner.decode_greedy
+    lost = lambda seqs, toks: (_ for _ in ()).throw(RuntimeError("device lost"))  # noqa: E731
+    monkeypatch.setattr(engine.runner, "decode", lost)
+    monkeypatch.setattr(engine.runner, "decode_greedy", lost)
     handles = [engine.submit(p, params) for p in (a, b)]
     engine.run_until_idle()
     assert [h.finish_reason for h in handles] == ["error", "error"]
     assert "device lost" in handles[0].error
     engine.pool.check_all_free()
     monkeypatch.setattr(engine.runner, "decode", original)
+    monkeypatch.setattr(engine.runner, "decode_greedy", original_greedy)
     assert tokens_of(alone(engine, a, params)) == expected
 
 

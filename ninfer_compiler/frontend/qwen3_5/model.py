@@ -23,6 +23,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op, spec
 
 from ...ops.gather import last_token
+from ...ops.greedy import greedy_choice
 from ..layers.embedding import make_embedding
 from ..layers.gated_attention import GatedAttention
 from ..layers.gated_delta_net import GatedDeltaNet
@@ -127,6 +128,15 @@ class Qwen35DecoderLayer(nn.Module):
 class Qwen35ForCausalLM(nn.Module):
     """Embedding, decoder layers, final norm, output head; entry functions below."""
 
+    # What each entry function returns, in order (recorded in the package manifest).
+    CACHES = ("kv_pool", "gdn_state", "conv_state")
+    OUTPUTS = {
+        "prefill": ("logits", *CACHES),
+        "prefill_all_logits": ("logits", *CACHES),
+        "decode": ("logits", *CACHES, "greedy_token", "greedy_logprob"),
+        "embed": ("embeddings",),
+    }
+
     def __init__(self, cfg: Qwen35TextConfig, opts: ModelOptions | None = None):
         opts = opts or ModelOptions()
         self.cfg, self.opts = cfg, opts
@@ -190,7 +200,10 @@ class Qwen35ForCausalLM(nn.Module):
         x, *caches = self._prefill_hidden(
             input_ids, positions, page_table, seq_lens, slot_ids, kv_pool, gdn_state, conv_state
         )
-        return (self._logits(last_token(x)), *caches)
+        # `[1, 1, H]`: the head is then decode-shaped and runs the decode GEMV on GPU targets
+        h = self.cfg.hidden_size
+        logits = self._logits(op.reshape(last_token(x), [1, 1, h]))
+        return (op.reshape(logits, [1, logits.shape[-1]]), *caches)
 
     def prefill_all_logits(
         self,
@@ -221,7 +234,9 @@ class Qwen35ForCausalLM(nn.Module):
         gdn_state: nn.Tensor,
         conv_state: nn.Tensor,
     ) -> tuple[nn.Tensor, ...]:
-        """`b` sequences, one new token each -> logits `[b, V]`."""
+        """`b` sequences, one new token each -> logits `[b, V]`, the caches, and each row's greedy
+        choice (token `[b]` int32 and its log-probability `[b]` fp32), so that greedy requests
+        need not copy the logits to the host."""
         b = input_ids.shape[0]
         x, *caches = self._forward(
             op.reshape(input_ids, [b, 1]),
@@ -237,7 +252,8 @@ class Qwen35ForCausalLM(nn.Module):
         # The head runs on `[b, 1, H]` so its kernel is not shared with `prefill_all_logits`'
         # `[n, H]` one: a decode-only kernel gets the low-batch GEMV schedule (passes/low_batch.py).
         logits = self._logits(x)
-        return (op.reshape(logits, [b, logits.shape[-1]]), *caches)
+        logits = op.reshape(logits, [b, logits.shape[-1]])
+        return (logits, *caches, *greedy_choice(logits))
 
     def embed(self, input_ids: nn.Tensor) -> nn.Tensor:
         """Token embeddings `[n, H]` in the activation dtype: the rows media features replace."""

@@ -6,8 +6,9 @@ from .conftest import require_tool
 
 
 def test_model_decode_graph_captures_the_fused_step(tiny_artifact):
-    """In a whole Qwen3.5 h200 export, decode's CUDA graph holds the fused GDN step and the
-    split-KV attention, prefill does not use them, and reference-kernel exports use neither."""
+    """In a whole Qwen3.5 h200 export, decode's CUDA graph holds the fused GDN step, the attention
+    prologue and the split-KV attention, prefill uses only the prologue of them, and
+    reference-kernel exports use none."""
     import tvm
 
     from ninfer_compiler.build import export_module
@@ -41,6 +42,11 @@ def test_model_decode_graph_captures_the_fused_step(tiny_artifact):
     assert "ninfer_attention_decode" not in prefill
     assert "ninfer_gdn_chunked_prep" in prefill and "ninfer_gdn_chunked_state" in prefill
     assert "ninfer_attention_prefill" in prefill
+    # q/k norms, MRoPE and the KV append run as one kernel in both, none of the unfused kernels remain
+    assert "ninfer_attention_prologue" in captured and "ninfer_attention_prologue" in prefill
+    assert "kv_append" not in captured and "mrope" not in captured and "mrope" not in prefill
+    # each row's greedy choice is made on the device, after the head
+    assert "ninfer_greedy_choice" in mod["decode_graph"].script() and "ninfer_greedy" not in prefill
     with ttarget, reference_kernels():
         ref, _ = export_module(model, model.upper_bounds(max_prefill_tokens=128, max_batch=8))
     assert "ninfer_" not in ref.script()  # no extern kernel at all

@@ -1,0 +1,160 @@
+"""The greedy choice of each logits row on the device: its token (the lowest id among the maxima,
+as `np.argmax`) and that token's log-probability.
+
+Why: a decode step's logits are `[b, V]` fp32 (V = 248,320 for Qwen3.6: ~1 MB per sequence), and
+copying them to the host every step costs PCIe time, a host synchronisation on a large buffer and
+a host log-softmax over the whole row. A greedy request without penalties, constraints or
+alternatives needs only these two numbers, 8 bytes per sequence.
+
+On CUDA targets two Triton kernels run: partial (max, first argmax, sum of exp) over `SPLITS`
+slices of each row, then their combination; elsewhere one TE op computes the same.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import triton
+import triton.language as tl
+
+if TYPE_CHECKING:
+    from tvm.relax.frontend import nn
+
+    from .triton_aot import KernelImage
+
+SPLITS = 32  # slices of a row reduced in parallel (a row of 248,320 is ~31 KB per slice)
+BLOCK = 1024
+PARTIAL_SYMBOL, COMBINE_SYMBOL = "ninfer_greedy_partial", "ninfer_greedy_combine"
+
+
+@triton.jit
+def partial_kernel(logits, ws_max, ws_idx, ws_sum, vocab, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (row, s): the max, the lowest index holding it, and sum(exp(x - max)) of slice s."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    span = tl.cdiv(tl.cdiv(vocab, SPLITS), BLOCK) * BLOCK
+    start = s * span
+    offs = tl.arange(0, BLOCK)
+    m = tl.full((), float("-inf"), tl.float32)
+    idx = tl.full((), 2147483647, tl.int32)
+    acc = tl.zeros((), tl.float32)
+    for off in range(0, span, BLOCK):
+        col = start + off + offs
+        x = tl.load(logits + row * vocab + col, mask=col < vocab, other=float("-inf"))
+        bm = tl.max(x, 0)
+        bi = tl.min(tl.where(x == bm, col, 2147483647), 0)
+        new_m = tl.maximum(m, bm)
+        # an earlier block keeps its index on a tie (it has the lower ids)
+        idx = tl.where(bm > m, bi, idx)
+        ref = tl.where(new_m == float("-inf"), 0.0, new_m)  # all -inf so far: exp(-inf - 0) = 0
+        acc = acc * tl.exp(m - ref) + tl.sum(tl.exp(x - ref), 0)
+        m = new_m
+    out = row * SPLITS + s
+    tl.store(ws_max + out, m)
+    tl.store(ws_idx + out, idx)
+    tl.store(ws_sum + out, acc)
+
+
+@triton.jit
+def combine_kernel(ws_max, ws_idx, ws_sum, token, logprob, SPLITS: tl.constexpr):
+    """Program (row): the row's token and log-probability from its slices' partials."""
+    row = tl.program_id(0).to(tl.int64)
+    r = tl.arange(0, SPLITS)
+    m = tl.load(ws_max + row * SPLITS + r)
+    i = tl.load(ws_idx + row * SPLITS + r)
+    a = tl.load(ws_sum + row * SPLITS + r)
+    big = tl.max(m, 0)
+    tok = tl.min(tl.where(m == big, i, 2147483647), 0)
+    total = tl.sum(a * tl.exp(m - big), 0)  # a slice of -inf only has a = 0 and exp(-inf) = 0
+    tl.store(token + row, tok)
+    tl.store(logprob + row, -tl.log(total))  # log p = x_max - (x_max + log sum exp(x - x_max))
+
+
+def images(arch: str) -> tuple[KernelImage, KernelImage]:
+    from .triton_aot import compile_kernel
+
+    partial = compile_kernel(
+        partial_kernel,
+        signature={"logits": "*fp32", "ws_max": "*fp32", "ws_idx": "*i32", "ws_sum": "*fp32", "vocab": "i32"},
+        constants={"SPLITS": SPLITS, "BLOCK": BLOCK}, arch=arch, num_warps=4, num_stages=2)
+    combine = compile_kernel(
+        combine_kernel,
+        signature={"ws_max": "*fp32", "ws_idx": "*i32", "ws_sum": "*fp32", "token": "*i32", "logprob": "*fp32"},
+        constants={"SPLITS": SPLITS}, arch=arch, num_warps=1, num_stages=1)
+    return partial, combine
+
+
+LAUNCHER = r"""
+#include "ninfer_cuda.h"
+namespace {
+using tvm::ffi::TensorView;
+// token[b] int32, logprob[b] fp32 of logits [b, V] fp32; ws_* are [b, SPLITS] scratch (outputs of
+// the first launch, read by the second within this call).
+void greedy(TensorView logits, TensorView ws_max, TensorView ws_idx, TensorView ws_sum, TensorView token,
+            TensorView logprob) {
+  TVM_FFI_ICHECK(logits.ndim() == 2 && logits.dtype().code == kDLFloat && logits.dtype().bits == 32)
+      << "@SYMBOL@: logits must be [b, V] float32";
+  const int64_t rows = logits.shape()[0];
+  TVM_FFI_ICHECK(token.numel() == rows && logprob.numel() == rows && ws_max.numel() == rows * @SPLITS@)
+      << "@SYMBOL@: unexpected shapes";
+  uint64_t lp = reinterpret_cast<uint64_t>(ninfer_cuda::address(logits));
+  uint64_t mp = reinterpret_cast<uint64_t>(ninfer_cuda::address(ws_max));
+  uint64_t ip = reinterpret_cast<uint64_t>(ninfer_cuda::address(ws_idx));
+  uint64_t sp = reinterpret_cast<uint64_t>(ninfer_cuda::address(ws_sum));
+  uint64_t tp = reinterpret_cast<uint64_t>(ninfer_cuda::address(token));
+  uint64_t pp = reinterpret_cast<uint64_t>(ninfer_cuda::address(logprob));
+  int32_t vocab = static_cast<int32_t>(logits.shape()[1]);
+  const int dev = logits.device().device_id;
+  ninfer_cuda::launch(@PARTIAL@, static_cast<unsigned>(rows), @SPLITS@, 1, {&lp, &mp, &ip, &sp, &vocab}, dev);
+  ninfer_cuda::launch(@COMBINE@, static_cast<unsigned>(rows), 1, 1, {&mp, &ip, &sp, &tp, &pp}, dev);
+}
+}  // namespace
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(@SYMBOL@, greedy);
+"""
+
+
+def _te_greedy(logits: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
+    """The same two numbers as one TE op (CPU and reference-kernel packages)."""
+    from tvm import te, tirx
+    from tvm.relax.frontend.nn import op
+
+    def compute(x: te.Tensor) -> list[te.Tensor]:
+        rows, vocab = x.shape
+        k1 = te.reduce_axis((0, vocab), name="k1")
+        mx = te.compute((rows,), lambda i: te.max(x[i, k1], axis=k1), name="row_max")
+        k2 = te.reduce_axis((0, vocab), name="k2")
+        tok = te.compute((rows,), lambda i: te.min(tirx.Select(x[i, k2] == mx[i], k2.astype("int32"),
+                                                                 tirx.const(2147483647, "int32")), axis=k2),
+                         name="greedy_token")
+        k3 = te.reduce_axis((0, vocab), name="k3")
+        total = te.compute((rows,), lambda i: te.sum(te.exp(x[i, k3] - mx[i]), axis=k3), name="sum_exp")
+        lp = te.compute((rows,), lambda i: -te.log(total[i]), name="greedy_logprob")
+        return [tok, lp]
+
+    out = op.tensor_expr_op(compute, "greedy_choice", [logits])
+    return out[0], out[1]
+
+
+def greedy_choice(logits: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
+    """`(token [b] int32, logprob [b] fp32)` of `logits [b, V]` fp32."""
+    from tvm.relax.frontend import nn
+
+    from .common import tuned_cuda_kernels
+
+    if not tuned_cuda_kernels():
+        return _te_greedy(logits)
+    from .cuda_extern import current_arch, dps_call, extern, fill_launcher
+
+    arch = current_arch()
+    partial, combine = images(arch)
+    symbol = "ninfer_greedy_choice"
+    launcher = fill_launcher(LAUNCHER, {"SYMBOL": symbol, "SPLITS": SPLITS, "PARTIAL": f'"{partial.name}"',
+                                        "COMBINE": f'"{combine.name}"'})
+    # registers the launcher library with the export (the call itself is emitted below)
+    extern(f"greedy_{arch}", {symbol: lambda *args: args[0]}, launcher, [partial, combine])
+    rows = logits.shape[0]
+    outputs = [nn.Tensor.placeholder([rows, SPLITS], "float32"), nn.Tensor.placeholder([rows, SPLITS], "int32"),
+               nn.Tensor.placeholder([rows, SPLITS], "float32"), nn.Tensor.placeholder([rows], "int32"),
+               nn.Tensor.placeholder([rows], "float32")]
+    out = dps_call(symbol, [logits], outputs)
+    return out[3], out[4]

@@ -1,0 +1,77 @@
+"""The device's greedy choice (`ops/greedy.py`): Triton's interpreter and the TE op against numpy
+(lowest id among equal maxima, log-probability of the chosen token), and the AOT build."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+
+def reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = x.astype(np.float64)
+    token = np.argmax(x, axis=-1)
+    top = x.max(axis=-1)
+    lse = top + np.log(np.exp(x - top[:, None]).sum(axis=-1))
+    return token, x[np.arange(x.shape[0]), token] - lse
+
+
+def logits_rows(vocab: int) -> np.ndarray:
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((4, vocab)) * 3).astype(np.float32)
+    x[1, [7, vocab - 3, vocab // 2]] = 40.0  # a tie across slices: the lowest id wins
+    x[2, : vocab // 2] = -np.inf  # masked-out ids (a constrained row)
+    x[3, :] = 1.5  # every id equal
+    return x
+
+
+@pytest.mark.parametrize("vocab", [1000, 70001])
+def test_interpreter_matches_numpy(vocab):
+    from ninfer_compiler.ops.greedy import BLOCK, SPLITS, combine_kernel, partial_kernel
+    from ninfer_compiler.ops.triton_aot import interpreted
+
+    x = logits_rows(vocab)
+    rows = x.shape[0]
+    ws_max = torch.full((rows, SPLITS), float("nan"))
+    ws_idx = torch.full((rows, SPLITS), -1, dtype=torch.int32)
+    ws_sum = torch.full((rows, SPLITS), float("nan"))
+    token = torch.full((rows,), -1, dtype=torch.int32)
+    logprob = torch.full((rows,), float("nan"))
+    interpreted(partial_kernel)[(rows, SPLITS)](torch.tensor(x), ws_max, ws_idx, ws_sum, vocab,
+                                                SPLITS=SPLITS, BLOCK=BLOCK)
+    interpreted(combine_kernel)[(rows,)](ws_max, ws_idx, ws_sum, token, logprob, SPLITS=SPLITS)
+    ref_token, ref_lp = reference(x)
+    np.testing.assert_array_equal(token.numpy(), ref_token)
+    assert token.numpy()[1] == 7 and token.numpy()[3] == 0
+    np.testing.assert_allclose(logprob.numpy(), ref_lp, rtol=1e-5, atol=1e-5)
+
+
+def test_te_op_matches_numpy():
+    import tvm
+    from tvm.relax.frontend import nn
+
+    from ninfer_compiler.ops.greedy import greedy_choice
+
+    class Choice(nn.Module):
+        def forward(self, x: nn.Tensor):
+            return greedy_choice(x)
+
+    vocab = 1000
+    mod, _ = Choice().export_tvm({"forward": {"x": nn.spec.Tensor([4, vocab], "float32")}})
+    ex = tvm.compile(mod, target="llvm")
+    vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
+    x = logits_rows(vocab)
+    token, logprob = vm["forward"](tvm.runtime.tensor(x))
+    ref_token, ref_lp = reference(x)
+    np.testing.assert_array_equal(token.numpy(), ref_token)
+    np.testing.assert_allclose(logprob.numpy(), ref_lp, rtol=1e-5, atol=1e-5)
+
+
+def test_builds_for_every_cuda_arch():
+    from ninfer_compiler.ops.greedy import images
+
+    for arch in ("sm_90a", "sm_120a", "sm_121a"):
+        partial, combine = images(arch)
+        assert partial.fatbin and combine.fatbin
