@@ -32,12 +32,43 @@ def test_images_carry_sass_for_the_arch(arch):
     from ninfer_compiler.ops.triton_aot import cubin_arch
 
     require_tool("nvcc", "the CUDA toolkit wraps cubins into fatbins")
-    prep, step = gdn.images(arch, HK, HV, DK, DV, "float32")
-    assert (prep.name, step.name) == ("prep_kernel", "state_kernel")
-    for img in (prep, step):
+    prep, walk = gdn.images(arch, HK, HV, DK, DV, "float32", "float32")
+    assert (prep.name, walk.name) == ("prep_kernel", "walk_kernel")
+    # the launch shapes fit the arch's shared memory (sm_12x: ~99 KB per block)
+    limit = 227 * 1024 if arch == "sm_90a" else 99 * 1024
+    assert max(prep.shared, walk.shared) <= limit
+    for img in (prep, walk):
         assert cubin_arch(img.cubin) == int(arch[3:-1])
         entries, _ = parse_fatbin(img.fatbin, 0)
         assert [(e.kind, e.arch) for e in entries] == [("elf", arch)]
+
+
+def test_sm12x_launch_shape_fits_shared_memory_with_27b_heads():
+    """sm_12x blocks get ~99 KB of shared memory; the shipped shape at Hk 16, Hv 48, dk = dv = 128
+    must fit (the sm_90a shapes ran on the H200 with these heads: tests/gpu/check_gdn_chunked.py)."""
+    from ninfer_compiler.ops import gdn_chunked_triton as gdn
+
+    require_tool("nvcc", "the CUDA toolkit wraps cubins into fatbins")
+    prep, walk = gdn.images("sm_120a", 16, 48, 128, 128, "float32", "float32")
+    assert max(prep.shared, walk.shared) <= 99 * 1024, (prep.shared, walk.shared)
+    assert gdn.config_for("sm_90a", "float32").bv == 64 and gdn.config_for("sm_90a", "bfloat16").bv == 32
+    with pytest.raises(ValueError, match="sm_80"):
+        gdn.config_for("sm_80", "float32")
+
+
+def test_wants_16bit_inputs_only_where_the_kernels_run():
+    from ninfer_compiler.codegen.targets import tvm_target
+    from ninfer_compiler.ops.common import reference_kernels
+    from ninfer_compiler.ops.gdn_chunked_triton import wants_16bit_inputs
+    from ninfer_runtime import targets
+
+    assert not wants_16bit_inputs(16, 48, 128, 128, "bfloat16")  # no target
+    with tvm_target(targets.load("h200")):
+        assert wants_16bit_inputs(16, 48, 128, 128, "bfloat16")
+        assert not wants_16bit_inputs(16, 48, 128, 128, "float32")  # fp32 v: nothing to keep 16-bit
+        assert not wants_16bit_inputs(16, 48, 128, 24, "bfloat16")
+        with reference_kernels():
+            assert not wants_16bit_inputs(16, 48, 128, 128, "bfloat16")
 
 
 def test_check_shapes_names_the_problem():
@@ -67,6 +98,24 @@ def test_supported_needs_a_cuda_target_and_the_layer_dtypes():
         assert supported(*args)
         assert not supported(*args[:5], t([3, 2, HV, DK, DV], "bfloat16"))
         assert not supported(t([1, 8, HK, 24]), t([1, 8, HK, 24]), *args[2:])
+        # 16-bit q/k (read in place by the walk) and bf16 v / o; g, beta stay fp32
+        assert supported(t([1, 8, HK, DK], "float16"), t([1, 8, HK, DK], "float16"), t([1, 8, HV, DV], "bfloat16"),
+                         *args[3:])
+        assert not supported(t([1, 8, HK, DK], "float16"), *args[1:])  # q and k differ
+        assert not supported(*args[:3], t([1, 8, HV], "bfloat16"), *args[4:])
+
+
+def test_workspace_layout_is_16_byte_aligned():
+    """Each token's workspace row and its q/k copies start on 16 bytes (vector loads, cp.async)."""
+    from ninfer_compiler.ops.gdn_chunked_triton import CHUNK, workspace_width
+
+    for hk, hv, dk in ((16, 48, 128), (2, 4, 16), (1, 3, 16), (4, 20, 64)):
+        for f32 in (False, True):
+            size = 4 if f32 else 2
+            width = workspace_width(hk, hv, dk, not f32, f32)
+            assert width * size % 16 == 0
+            copies = workspace_width(hk, hv, dk, False, f32)
+            assert copies * size % 16 == 0 and copies >= 2 * hv * CHUNK + hv * 4 // size
 
 
 def test_op_module_exports_and_passes_the_aot_check(tmp_path):
@@ -89,14 +138,14 @@ def test_op_module_exports_and_passes_the_aot_check(tmp_path):
     with ttarget:
         mod, _ = export_module(_op_module(op, GDN_INPUTS), {})
     script = mod.script()
-    assert "call_inplace_packed" in script and "ninfer_gdn_chunked_prep_hk2_hv4_dk16_dv32_fp32" in script
+    assert "call_inplace_packed" in script and "ninfer_gdn_chunked_prep_hk2_hv4_dk16_dv32_fp32_fp32" in script
     with cuda_build(ttarget):
         exe = compile_module(mod, ttarget)
     lib = export_library(exe, tmp_path / "model.so", target)
     code = inspect_library(lib)
     assert code.problems("sm_90a") == []
     data = lib.read_bytes()
-    assert b"ninfer_gdn_chunked_state_hk2_hv4_dk16_dv32_fp32" in data and b"state_kernel" in data
+    assert b"ninfer_gdn_chunked_state_hk2_hv4_dk16_dv32_fp32_fp32" in data and b"walk_kernel" in data
 
 
 INPLACE_SOURCE = r"""

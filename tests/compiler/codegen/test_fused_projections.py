@@ -1,0 +1,77 @@
+"""The fused projection forms (`ops/fused_linear.py`) in a whole groupwise-int h200 export.
+
+A synthetic Qwen3.5 Dense artifact with small but kernel-sized dims (every projection's K a
+multiple of 256, 27B-like head layout) is exported for h200: prefill's MLP runs the SwiGLU GEMM and
+its down projection and both mixers' output projections add the residual in the GEMM epilogue;
+no separate `silu * up` or residual-add kernel is left. Reference-kernel exports keep the unfused
+TE ops. Numerics of the fused kernels: tests/compiler/ops/test_qgemm.py (interpreter) and
+tests/gpu/check_qgemm.py (H200).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .conftest import require_tool
+
+CONFIG = {
+    "hidden_size": 256, "vocab_size": 4096, "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "linear_num_key_heads": 2,
+    "linear_key_head_dim": 128, "linear_num_value_heads": 6, "linear_value_head_dim": 128,
+    "intermediate_size": 512,
+}
+
+
+@pytest.fixture(scope="module")
+def mid_artifact(tmp_path_factory) -> Path:
+    from ninfer_compiler.convert.synth import synthesize, text_config
+
+    cfg = {**text_config("qwen3.6-27b", layers=4), **CONFIG}
+    art = tmp_path_factory.mktemp("fused") / "model.ninfer"
+    synthesize(art, "qwen3.6-27b", "groupwise-int", config=cfg, seed=1)
+    return art
+
+
+def _export(artifact: Path, reference: bool = False):  # noqa: ANN202 (an IRModule)
+    import contextlib
+
+    from ninfer_compiler.build import export_module
+    from ninfer_compiler.codegen.targets import tvm_target
+    from ninfer_compiler.frontend.options import ModelOptions
+    from ninfer_compiler.frontend.qwen3_5 import binding
+    from ninfer_compiler.frontend.qwen3_5.model import Qwen35ForCausalLM
+    from ninfer_compiler.ops.common import reference_kernels
+    from ninfer_runtime import targets
+    from ninfer_runtime.artifact import Artifact
+
+    target = targets.load("h200")
+    with Artifact(artifact) as art:
+        cfg, plan = binding.model_config(art), binding.weight_plan(art, target)
+    model = Qwen35ForCausalLM(cfg, ModelOptions(dtype="bfloat16", weights=plan))
+    with tvm_target(target), reference_kernels() if reference else contextlib.nullcontext():
+        mod, _ = export_module(model, model.upper_bounds(max_prefill_tokens=128, max_batch=8))
+    return mod
+
+
+def test_prefill_fuses_swiglu_and_residual_adds(mid_artifact):
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    mod = _export(mid_artifact)
+    calls = _extern_calls(mod["prefill"].script())
+    # one SwiGLU GEMM per layer; residual adds: 4 down projections + 3 GDN and 1 attention output
+    assert calls.count("ninfer_qgemm_q4_512x256_swiglu") == 4
+    assert calls.count("ninfer_qgemm_q5_256x512_add") == 4
+    assert calls.count("ninfer_qgemm_q5_256x768_add") == 3 and calls.count("ninfer_qgemm_q5_256x1024_add") == 1
+    prefill = mod["prefill"].script()
+    assert "silu" not in prefill and "R.add(" not in prefill
+    ref = _export(mid_artifact, reference=True)["prefill"].script()
+    assert "ninfer_" not in ref and "silu" in ref
+
+
+def _extern_calls(script: str) -> list[str]:
+    """The packed functions a Relax function calls, once per call site."""
+    import re
+
+    return re.findall(r'R\.call_dps_packed\("([A-Za-z0-9_]+)"', script)
