@@ -62,17 +62,19 @@ def gated_rms_norm(x: nn.Tensor, weight: nn.Tensor, gate: nn.Tensor, eps: float)
     return op.tensor_expr_op(compute, f"gated_rms_norm_{dtype_tag(out_dtype)}", [x, weight, gate])
 
 
-def l2_norm(x: nn.Tensor, eps: float = 1e-6, scale: float = 1.0) -> nn.Tensor:
-    """`x / sqrt(sum(x^2) + eps) * scale` in fp32; returns fp32 (the GDN core's input dtype)."""
+def l2_norm(x: nn.Tensor, eps: float = 1e-6, scale: float = 1.0, out_dtype: str = "float32") -> nn.Tensor:
+    """`x / sqrt(sum(x^2) + eps) * scale` computed in fp32, returned as `out_dtype` (fp32 for the
+    GDN core by default; fp16 where its kernels round q and k to fp16 anyway)."""
 
     def compute(x: te.Tensor) -> te.Tensor:
         ss = _sum_squares(x)
-        return te.compute(
-            x.shape,
-            lambda *i: x[i].astype("float32")
-            * tirx.rsqrt(ss[i[:-1]] + tirx.const(eps, "float32"))
-            * tirx.const(scale, "float32"),
-            name="l2_norm",
-        )
 
-    return op.tensor_expr_op(compute, f"l2_norm_{dtype_tag(x.dtype)}", [x])
+        def f(*i):
+            y = (x[i].astype("float32") * tirx.rsqrt(ss[i[:-1]] + tirx.const(eps, "float32"))
+                 * tirx.const(scale, "float32"))
+            return y if out_dtype == "float32" else y.astype(out_dtype)
+
+        return te.compute(x.shape, f, name="l2_norm")
+
+    suffix = "" if out_dtype == "float32" else f"_{dtype_tag(out_dtype)}"
+    return op.tensor_expr_op(compute, f"l2_norm_{dtype_tag(x.dtype)}{suffix}", [x])

@@ -11,7 +11,7 @@ from __future__ import annotations
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
-from ...ops import fused_linear, gdn_decode_fused
+from ...ops import fused_linear, gdn_chunked_triton, gdn_decode_fused
 from ...ops.conv1d import causal_conv1d_with_state
 from ...ops.gated_delta_rule import gated_delta_rule
 from ...ops.gdn_gates import gdn_gates
@@ -86,10 +86,13 @@ class GatedDeltaNet(nn.Module):
             return fused_linear.linear_add(o, self.output, residual), gdn_state, conv_state
         key_width = self.hk * self.dk
         q, k, v = op.split(mixed, [key_width, 2 * key_width], axis=-1)
-        q = l2_norm(op.reshape(q, [b, t, self.hk, self.dk]), scale=self.dk**-0.5)
-        k = l2_norm(op.reshape(k, [b, t, self.hk, self.dk]))
         v = op.reshape(v, [b, t, self.hv, self.dv])
-        if v.dtype != "float32":
+        # the chunked CUDA kernels round q, k to fp16 and read v in its own dtype: no fp32 copies
+        narrow = chunked and gdn_chunked_triton.wants_16bit_inputs(self.hk, self.hv, self.dk, self.dv, v.dtype)
+        qk_dtype = "float16" if narrow else "float32"
+        q = l2_norm(op.reshape(q, [b, t, self.hk, self.dk]), scale=self.dk**-0.5, out_dtype=qk_dtype)
+        k = l2_norm(op.reshape(k, [b, t, self.hk, self.dk]), out_dtype=qk_dtype)
+        if v.dtype != "float32" and not narrow:
             v = v.astype("float32")
         g, beta = gdn_gates(a, beta_in, self.a_log, self.dt_bias)
         o, gdn_state = gated_delta_rule(

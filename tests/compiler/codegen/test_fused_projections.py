@@ -56,7 +56,7 @@ def _export(artifact: Path, reference: bool = False):  # noqa: ANN202 (an IRModu
     return mod
 
 
-def test_prefill_fuses_swiglu_and_residual_adds(mid_artifact):
+def test_prefill_fuses_swiglu_residual_adds_and_narrow_gdn_inputs(mid_artifact):
     require_tool("nvcc", "the CUDA toolkit builds device code")
     mod = _export(mid_artifact)
     calls = _extern_calls(mod["prefill"].script())
@@ -66,6 +66,8 @@ def test_prefill_fuses_swiglu_and_residual_adds(mid_artifact):
     assert calls.count("ninfer_qgemm_q5_256x768_add") == 3 and calls.count("ninfer_qgemm_q5_256x1024_add") == 1
     prefill = mod["prefill"].script()
     assert "silu" not in prefill and "R.add(" not in prefill
+    # the chunked GDN kernels get fp16 q, k from the L2 norms and v in bf16 (no fp32 copies)
+    assert calls.count("ninfer_gdn_chunked_prep_hk2_hv6_dk128_dv128_fp16_bf16") == 3
     ref = _export(mid_artifact, reference=True)["prefill"].script()
     assert "ninfer_" not in ref and "silu" in ref
 
