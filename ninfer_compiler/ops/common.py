@@ -54,7 +54,11 @@ def tuned_cuda_kernels() -> bool:
 # arch and checked on the CPU (Triton's interpreter, bit-level emulation of CUDA fragment code) but
 # has not yet run on a GPU of its target; its default turns on once a device run validates it
 # (tests/gpu/, docs/performance.md). Everything not listed here is on whenever tuned kernels are.
-KERNEL_FEATURES: dict[str, bool] = {}
+KERNEL_FEATURES: dict[str, bool] = {
+    # decode GEMV v5 (ops/qgemv5_cuda.cu): fused multi-output / SwiGLU / residual-add launches chained
+    # with PDL; exact on the H200, but its first timed build was slower than v4 on most launches
+    "gemv5": False,
+}
 
 
 def kernel_feature(name: str) -> bool:

@@ -29,6 +29,10 @@ def _decode_shaped(x: nn.Tensor) -> bool:
     return len(shape) == 3 and isinstance(shape[1], int) and shape[1] == 1
 
 
+# the decode GEMVs' name for each fused form (their `fused_supported` checks per form)
+_GEMV_FORMS = {"gemv_multi": "multi", "gemv_swiglu": "swiglu", "gemv_add": "add"}
+
+
 def _kernel(name: str, x: nn.Tensor, modules: Sequence[nn.Module]) -> tuple[Callable | None, list[LinearWeight]]:
     """The fused op `name` of the kernel family that fits `x` (decode GEMV or prefill GEMM) and the
     modules' weights, or None when the unfused composition must run."""
@@ -37,12 +41,14 @@ def _kernel(name: str, x: nn.Tensor, modules: Sequence[nn.Module]) -> tuple[Call
     weights = [linear_weight(m) for m in modules]
     if any(w is None for w in weights):
         return None, []
-    family = qgemv if _decode_shaped(x) else qgemm
-    supported = getattr(family, "fused_supported", None)
-    fn = getattr(family, name, None)
-    if supported is None or fn is None or not supported(x, weights):
+    fn = getattr(qgemv if _decode_shaped(x) else qgemm, name, None)
+    if fn is None:
         return None, []
-    return fn, weights
+    if _decode_shaped(x):
+        ok = qgemv.fused_supported(x, weights, op=_GEMV_FORMS[name])
+    else:
+        ok = qgemm.fused_supported(x, weights)
+    return (fn, weights) if ok else (None, [])
 
 
 def multi_linear(x: nn.Tensor, groups: Sequence[Sequence[nn.Module]]) -> list[nn.Tensor]:

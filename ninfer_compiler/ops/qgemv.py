@@ -10,17 +10,30 @@ Two externs: `ninfer_qgemv` (grouped-int planes: v4/v3 tensor-core kernels for q
 activations, v2 for q8, fp32 and small batch-1 projections; the launcher picks per shape and batch) and `ninfer_dense_gemv` (bf16 weights of small-N decode projections such
 as the GDN gates, which dlight runs in 1-2 blocks). The second is the same sources built with
 `NINFER_GEMV_DENSE_ONLY`, so a package carries only the kernels it calls.
+
+A third, v5 (`qgemv5_cuda.cu`, launcher `qgemv5_host.cc`, docs/kernels/decode-gemv-v5.md), runs the
+fused decode ops: `gemv_multi` (several outputs, each the concatenation of several weights' rows,
+one launch), `gemv_swiglu` and `gemv_add`, over q4/q5/q6 planes and dense bf16 weights, chained
+with Programmatic Dependent Launch. `fused_accepts` says which inputs they take; `fused_supported`
+(what the dispatcher asks) also needs `v5_enabled()`, off by default until v5 is measured faster.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import tvm
+from tvm import relax, tirx
 from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn.core import wrap_nested
 from tvm.relax.frontend.nn.exporter import Exporter
 
 from ..codegen.toolchain import nvcc_fatbin
+from . import cuda_extern
+from .common import kernel_feature, tuned_cuda_kernels
+from .linear_weight import LinearWeight
 from .row_split import grouped_format
 
 HERE = Path(__file__).resolve().parent
@@ -99,6 +112,9 @@ def _extern(target: tvm.target.Target, dense: bool = False) -> nn.SourceModule:
 def qgemv(x: nn.Tensor, base: nn.Tensor, high: nn.Tensor | None, scales: nn.Tensor, fmt: str) -> nn.Tensor:
     """`y[b, 0, n] = sum_k x[b, 0, k] * W[n, k]` on the GPU through `qgemv_cuda.cu` (fp32 acc)."""
     target = tvm.target.Target.current()
+    v5 = _plain_v5(x, base, high, scales, fmt)
+    if v5 is not None:
+        return gemv_multi(x, [[v5]])[0]
     bits = grouped_format(fmt).bits
     return _extern(target)[SYMBOL](x, base, base if high is None else high, scales, bits)
 
@@ -106,3 +122,161 @@ def qgemv(x: nn.Tensor, base: nn.Tensor, high: nn.Tensor | None, scales: nn.Tens
 def dense_gemv(x: nn.Tensor, weight: nn.Tensor) -> nn.Tensor:
     """`y[b, 0, n] = sum_k x[b, 0, k] * weight[n, k]` (bf16, fp32 accumulation) on the GPU."""
     return _extern(tvm.target.Target.current(), dense=True)[DENSE_SYMBOL](x, weight)
+
+
+# ---- v5: fused decode GEMVs -------------------------------------------------------------------
+
+V5_DEVICE_SOURCE = HERE / "qgemv5_cuda.cu"
+V5_HOST_SOURCE = HERE / "qgemv5_host.cc"
+V5_PLAN_HEADER = HERE / "qgemv5_plan.h"
+V5_MULTI, V5_SWIGLU, V5_ADD = "ninfer_qgemv5_multi", "ninfer_qgemv5_swiglu", "ninfer_qgemv5_add"
+V5_FORMATS = {"q4_g64_fp16": 4, "q5_g64_fp16": 5, "q6_g64_fp16": 6, "bfloat16": 16}
+V5_MAX_WEIGHTS = 8  # NINFER_V5_MAX_SEGS
+V5_MAX_OUTPUTS = 8  # NINFER_V5_MAX_OUTS
+V5_KSTEP = 128  # K must be a multiple of this (NINFER_V5_KSTEP)
+# Whether the dispatcher gets the fused ops (`fused_supported`) and plain `qgemv` calls go to v5 is the
+# opt-in kernel feature "gemv5" (`common.KERNEL_FEATURES`, `NINFER_KERNELS=+gemv5`): off until a device
+# run shows v5 faster than the unfused v2/v3/v4 path (docs/kernels/decode-gemv-v5.md: the measured
+# build was slower on most 27B launches).
+# plain `qgemv` calls go to v5 (when enabled) from this many weights up
+V5_PLAIN_MIN_WEIGHTS = 16 << 20
+
+
+def v5_enabled() -> bool:
+    """Whether decode projections use the v5 kernels (the opt-in kernel feature "gemv5")."""
+    return kernel_feature("gemv5")
+
+
+def fatbin_v5(arch: str) -> bytes:
+    """nvcc's fatbin of the v5 kernels for `arch` (SASS only, cached; the key covers the plan header)."""
+    digest = hashlib.sha256(V5_PLAN_HEADER.read_bytes()).hexdigest()[:16]
+    return nvcc_fatbin(V5_DEVICE_SOURCE, arch, (f"NINFER_V5_PLAN_KEY=0x{digest}",), tag="qgemv5")
+
+
+def host_source_v5(arch: str) -> str:
+    """The v5 launcher's C++: the plan header and the fatbin inlined before `qgemv5_host.cc`."""
+    data = fatbin_v5(arch)
+    body = ",".join(str(b) for b in data)
+    return ("#define NINFER_V5_PLAN_INLINED 1\n" + V5_PLAN_HEADER.read_text() + "\n"
+            + f"alignas(64) static const unsigned char NINFER_QGEMV5_FATBIN[{len(data)}] = {{{body}}};\n"
+            + V5_HOST_SOURCE.read_text())
+
+
+def _infer_v5_multi(x: nn.Tensor, n_out: int, *rest) -> tuple[nn.Tensor, ...]:
+    counts, planes = rest[:n_out], rest[n_out:]
+    outs, i = [], 0
+    for n in counts:
+        rows = 0
+        for _ in range(n):
+            rows += int(planes[i + 1].shape[0])
+            i += 4
+        outs.append(nn.Tensor.placeholder([*x.shape[:-1], rows], x.dtype))
+    return tuple(outs)
+
+
+def _infer_v5_swiglu(x: nn.Tensor, fmt: int, gate: nn.Tensor, *planes: nn.Tensor) -> nn.Tensor:
+    return nn.Tensor.placeholder([*x.shape[:-1], gate.shape[0]], x.dtype)
+
+
+def _infer_v5_add(x: nn.Tensor, fmt: int, base: nn.Tensor, high: nn.Tensor, scales: nn.Tensor,
+                  residual: nn.Tensor) -> nn.Tensor:
+    return nn.Tensor.placeholder(list(residual.shape), residual.dtype)
+
+
+def _v5_extern() -> nn.SourceModule:
+    arch = cuda_extern.current_arch()
+    launcher = host_source_v5(arch)
+    functions = {V5_MULTI: _infer_v5_multi, V5_SWIGLU: _infer_v5_swiglu, V5_ADD: _infer_v5_add}
+    return cuda_extern.extern("qgemv5", functions, launcher, [])
+
+
+def _v5_args(w: LinearWeight) -> list:
+    """(fmt code, base, high, scales) of one weight as the launcher takes them."""
+    fmt = V5_FORMATS[w.fmt]
+    if fmt == 16:
+        return [fmt, w.base, w.base, w.base]
+    return [fmt, w.base, w.base if w.high is None else w.high, w.scales]
+
+
+def _weight_ok(w: LinearWeight, k: int) -> bool:
+    if w.fmt not in V5_FORMATS or w.cols != k or w.rows <= 0:
+        return False
+    if w.fmt == "bfloat16":
+        return w.rows % 8 == 0 and [int(d) for d in w.base.shape] == [w.rows, k]
+    if w.scales is None or (w.fmt != "q4_g64_fp16" and w.high is None):
+        return False
+    return w.rows % 16 == 0 and int(w.base.shape[0]) == w.rows and int(w.base.shape[1]) == k // 2
+
+
+def fused_supported(x: nn.Tensor, weights: Sequence[LinearWeight], *, op: str = "multi") -> bool:
+    """Whether the dispatcher should use the v5 fused ops (`gemv_multi`, `gemv_swiglu`, `gemv_add`)
+    for `x` and `weights` here: `v5_enabled()` and `fused_accepts(...)`."""
+    return v5_enabled() and fused_accepts(x, weights, op=op)
+
+
+def fused_accepts(x: nn.Tensor, weights: Sequence[LinearWeight], *, op: str = "multi") -> bool:
+    """Whether the v5 fused ops take `x` and `weights` on the current target.
+
+    Needs: tuned CUDA kernels for the current target; x bf16 `[b, 1, K]` (b may be symbolic) with K
+    a multiple of 128; 1..8 weights, all with K columns, each q4/q5/q6 (rows a multiple of 16) or
+    dense bf16 (rows a multiple of 8). `op="swiglu"` also needs exactly two grouped-int weights of one
+    format and shape, `op="add"` exactly one weight. (`gemv_multi` also allows at most 8 outputs.)
+    """
+    if not tuned_cuda_kernels() or str(x.dtype) != "bfloat16":
+        return False
+    shape = x.shape
+    if len(shape) != 3 or not isinstance(shape[1], int) or shape[1] != 1 or not isinstance(shape[2], int):
+        return False
+    k = int(shape[2])
+    weights = list(weights)
+    if k % V5_KSTEP != 0 or not 1 <= len(weights) <= V5_MAX_WEIGHTS or not all(_weight_ok(w, k) for w in weights):
+        return False
+    if op == "swiglu":
+        gate, up = weights if len(weights) == 2 else (None, None)
+        return gate is not None and gate.grouped and gate.fmt == up.fmt and gate.rows == up.rows
+    if op == "add":
+        return len(weights) == 1
+    return op == "multi"
+
+
+def gemv_multi(x: nn.Tensor, outputs: Sequence[Sequence[LinearWeight]]) -> tuple[nn.Tensor, ...]:
+    """One launch: output i is `[b, 1, sum of its weights' rows]`, the concatenation of x @ W^T over
+    its weights (all weights share K). fp32 accumulation, one bf16 rounding per output element."""
+    outputs = [list(ws) for ws in outputs]
+    weights = [w for ws in outputs for w in ws]
+    if not outputs or not all(outputs) or len(outputs) > V5_MAX_OUTPUTS or not fused_accepts(x, weights):
+        raise ValueError("gemv_multi: unsupported inputs (see fused_accepts)")
+    args: list = [x, len(outputs), *(len(ws) for ws in outputs)]
+    for w in weights:
+        args += _v5_args(w)
+    _v5_extern()  # registers the launcher; called below directly: nn's extern call takes one output only
+    outs = _infer_v5_multi(*args)
+    exprs = [a._expr if isinstance(a, nn.Tensor) else relax.prim_value(tirx.IntImm("int64", a)) for a in args]  # noqa: SLF001
+    call = relax.op.call_dps_packed(V5_MULTI, relax.Tuple(exprs), [o._expr.ty for o in outs])  # noqa: SLF001
+    out = wrap_nested(call, V5_MULTI)
+    return tuple(out) if isinstance(out, tuple | list) else (out,)
+
+
+def gemv_swiglu(x: nn.Tensor, gate: LinearWeight, up: LinearWeight) -> nn.Tensor:
+    """`silu(x Wg^T) * (x Wu^T)` from the two fp32 accumulators of the same rows, one bf16 rounding."""
+    if not fused_accepts(x, [gate, up], op="swiglu"):
+        raise ValueError("gemv_swiglu: unsupported inputs (see fused_accepts)")
+    return _v5_extern()[V5_SWIGLU](x, *_v5_args(gate), *_v5_args(up)[1:])
+
+
+def gemv_add(x: nn.Tensor, weight: LinearWeight, residual: nn.Tensor) -> nn.Tensor:
+    """`residual + x W^T` (fp32 sum, one bf16 rounding); residual is bf16 `[b, 1, rows]`."""
+    if not fused_accepts(x, [weight], op="add") or str(residual.dtype) != "bfloat16":
+        raise ValueError("gemv_add: unsupported inputs (see fused_accepts)")
+    return _v5_extern()[V5_ADD](x, *_v5_args(weight), residual)
+
+
+def _plain_v5(x: nn.Tensor, base: nn.Tensor, high: nn.Tensor | None, scales: nn.Tensor, fmt: str) -> LinearWeight | None:
+    """The plain projection as a v5 weight when v5 runs it (enabled; bf16 q4/q5/q6 from V5_PLAIN_MIN_WEIGHTS)."""
+    if not v5_enabled() or fmt not in V5_FORMATS or fmt == "bfloat16":
+        return None
+    rows, k = int(base.shape[0]), int(base.shape[1]) * 2
+    w = LinearWeight(fmt, rows, k, base, high, scales)
+    if rows * k < V5_PLAIN_MIN_WEIGHTS or not fused_accepts(x, [w]):
+        return None
+    return w
