@@ -114,25 +114,31 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(@SYMBOL@, greedy);
 
 
 def _te_greedy(logits: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
-    """The same two numbers as one TE op (CPU and reference-kernel packages)."""
+    """The same two numbers as TE ops (CPU and reference-kernel packages): one single-output
+    reduction each, the shape GPU reduction schedules take."""
     from tvm import te, tirx
     from tvm.relax.frontend.nn import op
 
-    def compute(x: te.Tensor) -> list[te.Tensor]:
-        rows, vocab = x.shape
-        k1 = te.reduce_axis((0, vocab), name="k1")
-        mx = te.compute((rows,), lambda i: te.max(x[i, k1], axis=k1), name="row_max")
-        k2 = te.reduce_axis((0, vocab), name="k2")
-        tok = te.compute((rows,), lambda i: te.min(tirx.Select(x[i, k2] == mx[i], k2.astype("int32"),
-                                                                 tirx.const(2147483647, "int32")), axis=k2),
-                         name="greedy_token")
-        k3 = te.reduce_axis((0, vocab), name="k3")
-        total = te.compute((rows,), lambda i: te.sum(te.exp(x[i, k3] - mx[i]), axis=k3), name="sum_exp")
-        lp = te.compute((rows,), lambda i: -te.log(total[i]), name="greedy_logprob")
-        return [tok, lp]
+    rows, vocab = logits.shape
 
-    out = op.tensor_expr_op(compute, "greedy_choice", [logits])
-    return out[0], out[1]
+    def row_max(x: te.Tensor) -> te.Tensor:
+        k = te.reduce_axis((0, vocab), name="k")
+        return te.compute((rows,), lambda i: te.max(x[i, k], axis=k), name="row_max")
+
+    def first_max(x: te.Tensor, mx: te.Tensor) -> te.Tensor:
+        k = te.reduce_axis((0, vocab), name="k")
+        big = tirx.const(2147483647, "int32")
+        return te.compute((rows,), lambda i: te.min(tirx.Select(x[i, k] == mx[i], k.astype("int32"), big), axis=k),
+                          name="greedy_token")
+
+    def logprob(x: te.Tensor, mx: te.Tensor) -> te.Tensor:
+        k = te.reduce_axis((0, vocab), name="k")
+        total = te.compute((rows,), lambda i: te.sum(te.exp(x[i, k] - mx[i]), axis=k), name="sum_exp")
+        return te.compute((rows,), lambda i: -te.log(total[i]), name="greedy_logprob")
+
+    mx = op.tensor_expr_op(row_max, "greedy_row_max", [logits])
+    return (op.tensor_expr_op(first_max, "greedy_token", [logits, mx]),
+            op.tensor_expr_op(logprob, "greedy_logprob", [logits, mx]))
 
 
 def greedy_choice(logits: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
