@@ -141,14 +141,97 @@ def _te_greedy(logits: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
             op.tensor_expr_op(logprob, "greedy_logprob", [logits, mx]))
 
 
+THREADS = 256  # threads per row of the TIR GPU form
+
+
+def greedy_gpu_func(vocab: int, bound: bool = True):  # noqa: ANN201 (a tirx.PrimFunc)
+    """Thread-bound TIR form for the reference kernels on CUDA targets (GPU reduction schedules do
+    not take the two-input reductions of the TE form): one block per row, each thread an online
+    (max, first index, sum of exp) over a strided slice, then thread 0 combines them in order.
+    `bound=False` gives the serial form for CPU checks."""
+    from tvm.script import tirx as T
+
+    from .common import SCHEDULED_ATTRS, shared_scope, thread_loop
+
+    V, NT = vocab, THREADS
+    PER = (vocab + NT - 1) // NT
+    loop = thread_loop(bound)
+    smem = shared_scope(bound)
+    big = 2147483647
+
+    @T.prim_func
+    def greedy_gpu(var_x: T.handle, var_tok: T.handle, var_lp: T.handle):
+        T.func_attr(SCHEDULED_ATTRS)
+        B = T.int64()
+        x = T.match_buffer(var_x, (B, V), "float32")
+        tok = T.match_buffer(var_tok, (B,), "int32")
+        lp = T.match_buffer(var_lp, (B,), "float32")
+        for b in loop(B, "blockIdx.x"):
+            m_sh = T.alloc_buffer((NT,), "float32", scope=smem)
+            i_sh = T.alloc_buffer((NT,), "int32", scope=smem)
+            s_sh = T.alloc_buffer((NT,), "float32", scope=smem)
+            for tx in loop(T.int64(NT), "threadIdx.x"):
+                st = T.alloc_buffer((2,), "float32", scope="local")  # running max, sum of exp
+                ix = T.alloc_buffer((1,), "int32", scope="local")
+                st[0] = T.float32("-inf")
+                st[1] = T.float32(0)
+                ix[0] = T.int32(big)
+                for j in range(T.int64(PER)):
+                    k = j * T.int64(NT) + tx
+                    if k < T.int64(V):
+                        v = x[b, k]
+                        if v > st[0]:
+                            st[1] = st[1] * T.exp(st[0] - v) + T.float32(1)
+                            st[0] = v
+                            ix[0] = T.Cast("int32", k)
+                        else:
+                            st[1] = st[1] + T.if_then_else(v == T.float32("-inf"), T.float32(0), T.exp(v - st[0]))
+                m_sh[tx] = st[0]
+                i_sh[tx] = ix[0]
+                s_sh[tx] = st[1]
+            for tx in loop(T.int64(NT), "threadIdx.x"):
+                if tx == T.int64(0):
+                    acc = T.alloc_buffer((2,), "float32", scope="local")
+                    best = T.alloc_buffer((1,), "int32", scope="local")
+                    acc[0] = m_sh[0]
+                    best[0] = i_sh[0]
+                    for t in range(T.int64(1), T.int64(NT)):
+                        if m_sh[t] > acc[0] or (m_sh[t] == acc[0] and i_sh[t] < best[0]):
+                            acc[0] = m_sh[t]
+                            best[0] = i_sh[t]
+                    acc[1] = T.float32(0)
+                    for t in range(T.int64(NT)):
+                        acc[1] = acc[1] + T.if_then_else(m_sh[t] == T.float32("-inf"), T.float32(0),
+                                                         s_sh[t] * T.exp(m_sh[t] - acc[0]))
+                    tok[b] = best[0]
+                    lp[b] = T.float32(0) - T.log(acc[1])
+
+    return greedy_gpu
+
+
+def _tir_greedy(logits: nn.Tensor, bound: bool) -> tuple[nn.Tensor, nn.Tensor]:
+    from tvm.relax.frontend import nn
+    from tvm.relax.frontend.nn import op
+
+    rows, vocab = logits.shape
+    # written in place into fresh buffers: a one-input `call_tir` would be taken for a reshape
+    # candidate, whose analysis needs block-form TIR
+    token, logprob = op.tensor_ir_inplace_op(
+        greedy_gpu_func(int(vocab), bound), "greedy_choice_gpu",
+        [logits, op.empty([rows], "int32", name="greedy_token"), op.empty([rows], "float32", name="greedy_logprob")],
+        [1, 2], [nn.Tensor.placeholder([rows], "int32"), nn.Tensor.placeholder([rows], "float32")])
+    return token, logprob
+
+
 def greedy_choice(logits: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
     """`(token [b] int32, logprob [b] fp32)` of `logits [b, V]` fp32."""
     from tvm.relax.frontend import nn
 
-    from .common import tuned_cuda_kernels
+    from .common import kernel_flavor, tuned_cuda_kernels
 
     if not tuned_cuda_kernels():
-        return _te_greedy(logits)
+        flavor = kernel_flavor()
+        return _te_greedy(logits) if flavor == "cpu" else _tir_greedy(logits, bound=flavor == "gpu")
     from .cuda_extern import current_arch, dps_call, extern, fill_launcher
 
     arch = current_arch()

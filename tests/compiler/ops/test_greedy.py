@@ -48,10 +48,16 @@ def test_interpreter_matches_numpy(vocab):
     np.testing.assert_allclose(logprob.numpy(), ref_lp, rtol=1e-5, atol=1e-5)
 
 
-def test_te_op_matches_numpy():
+@pytest.mark.parametrize("form", ["te", "gpu-tir-serial"])
+def test_te_op_and_tir_gpu_form_match_numpy(form):
+    """The TE op (CPU packages) and the thread-bound TIR form (reference-kernel CUDA packages; its
+    serial form here computes what the GPU does)."""
+    import contextlib
+
     import tvm
     from tvm.relax.frontend import nn
 
+    from ninfer_compiler.ops.common import serial_gpu_kernels
     from ninfer_compiler.ops.greedy import greedy_choice
 
     class Choice(nn.Module):
@@ -59,9 +65,13 @@ def test_te_op_matches_numpy():
             return greedy_choice(x)
 
     vocab = 1000
-    mod, _ = Choice().export_tvm({"forward": {"x": nn.spec.Tensor([4, vocab], "float32")}})
-    ex = tvm.compile(mod, target="llvm")
-    vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
+    with serial_gpu_kernels() if form != "te" else contextlib.nullcontext():
+        mod, _ = Choice().export_tvm({"forward": {"x": nn.spec.Tensor([4, vocab], "float32")}})
+    if form != "te":
+        assert "greedy_choice_gpu" in mod.script()
+    from ninfer_compiler.build import compile_module, load_vm
+
+    vm = load_vm(compile_module(mod, "llvm"))
     x = logits_rows(vocab)
     token, logprob = vm["forward"](tvm.runtime.tensor(x))
     ref_token, ref_lp = reference(x)
