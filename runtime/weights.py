@@ -6,7 +6,9 @@ artifact's own planes (`base`, `high`, `scales`) cut into per-row spans of the b
 rows (spec 4.3.7), so no weight is repacked or expanded at load time. nvfp4 parameters are the
 code plane's rows as stored, the E4M3FN block scales of those rows in natural `[rows, K/16]` order
 (the 128x4 tile swizzle of spec 4.4 undone, so a binding may start at any row of its parent) and
-the matrix divisor.
+the matrix divisor. fp8_e4m3fn_row_bf16 parameters are the code rows as stored (`codes`, one
+E4M3FN byte per weight) and those rows' bf16 scale words (`row_scales`): a row view of a
+`row_scale_v1` object is two spans (spec 4.5), read without copying through a float.
 """
 
 from __future__ import annotations
@@ -19,15 +21,19 @@ import numpy as np
 from .artifact import Artifact, ArtifactError
 from .artifact.formats import (
     BLOCK_SCALE,
+    ROW_SCALE,
     ROW_SPLIT,
     BlockScaleGeometry,
     GroupedIntFormat,
+    RowScaleGeometry,
     RowSplitGeometry,
     geometry,
 )
 
 GROUPED_PLANES = ("base", "high", "scales")
 NVFP4_PLANES = ("codes", "block_scales", "divisor")
+FP8_ROW_PLANES = ("codes", "row_scales")  # `codes` is told from nvfp4's by the binding's format
+FP8_ROW = "fp8_e4m3fn_row_bf16"
 NUMPY_DTYPES = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
@@ -43,7 +49,8 @@ class ParamEntry:
 
     name: str  # module path, e.g. layers.3.attention.query.base
     binding: str  # artifact binding, e.g. text/layers/3/attention/query
-    plane: str  # "value" (dense), "base" / "high" / "scales" (grouped int), "codes" / "block_scales" / "divisor" (nvfp4)
+    plane: str  # "value" (dense), "base" / "high" / "scales" (grouped int), "codes" / "block_scales" / "divisor"
+    # (nvfp4), "codes" / "row_scales" (fp8 row)
     shape: tuple[int, ...]
     dtype: str
 
@@ -61,6 +68,8 @@ def load_param(art: Artifact, entry: ParamEntry) -> np.ndarray:
         raise ArtifactError("param_dtype", f"parameter {entry.name}: unsupported dtype {entry.dtype}")
     if entry.plane in GROUPED_PLANES:
         value = _grouped_plane(art, entry)
+    elif entry.plane == "row_scales" or (entry.plane == "codes" and _is_fp8_row(art, entry)):
+        value = _fp8_row_plane(art, entry)
     elif entry.plane in NVFP4_PLANES:
         value = _nvfp4_plane(art, entry)
     elif entry.plane == "value":
@@ -207,3 +216,55 @@ def _natural_scales(art: Artifact, obj, geo: BlockScaleGeometry, r0: int, r1: in
             obj=obj.id,
         )
     return np.ascontiguousarray(natural)
+
+
+def _is_fp8_row(art: Artifact, entry: ParamEntry) -> bool:
+    binding = art.binding(entry.binding)
+    return art.tensor_object(binding.parts[0].object).format == FP8_ROW
+
+
+def _fp8_row_plane(art: Artifact, entry: ParamEntry) -> np.ndarray:
+    """One fp8-row plane of a binding's rows: codes uint8 `[rows, K]` or row scales bf16 `[rows]`.
+
+    Each part must be whole rows of a `row_scale_v1` object; its code rows and scale words are read
+    as two spans and validated (NaN code words, and negative / -0 / Inf / NaN scales, are invalid:
+    spec 3.4), so the kernels only ever see valid words.
+    """
+    binding = art.binding(entry.binding)
+    spans = []
+    for part in binding.parts:
+        obj = art.tensor_object(part.object)
+        if obj.layout != ROW_SCALE or obj.format != FP8_ROW:
+            raise ArtifactError(
+                "param_format", f"parameter {entry.name}: binding {entry.binding} is {obj.format}, the package expects "
+                "fp8 row planes (compiled for another format)", obj=obj.id,
+            )
+        geo = geometry(obj.layout, obj.format, obj.shape, obj.id)
+        assert isinstance(geo, RowScaleGeometry)
+        k = geo.cols
+        if part.begin % k or part.end % k:
+            raise ArtifactError(
+                "param_rows", f"parameter {entry.name}: binding range [{part.begin}, {part.end}) is not whole rows of "
+                f"{obj.id}; fp8 row weights are bound by rows", obj=obj.id,
+            )
+        r0, r1 = part.begin // k, part.end // k
+        if entry.plane == "codes":
+            spans.append(art.planes(obj.id, rows=(r0, r1)).codes)  # codes and scales checked together
+        else:
+            spans.append(_row_scale_words(art, obj, geo, r0, r1))
+    value = np.concatenate(spans) if len(spans) > 1 else spans[0]
+    return value.view(ml_dtypes.bfloat16) if entry.plane == "row_scales" else value
+
+
+def _row_scale_words(art: Artifact, obj, geo: RowScaleGeometry, r0: int, r1: int) -> np.ndarray:
+    """The bf16 scale words of rows [r0, r1) as uint16 (spec 4.5), each a valid multiplier."""
+    data = art.read(obj.offset + geo.scale_offset + 2 * r0, 2 * (r1 - r0))
+    words = np.frombuffer(data, dtype="<u2").astype(np.uint16)
+    bad = ((words & 0x8000) != 0) | ((words & 0x7F80) == 0x7F80)
+    if bad.any():
+        r = int(np.argmax(bad))
+        raise ArtifactError(
+            "invalid_scale", f"bf16 row scale 0x{int(words[r]):04X} of row {r0 + r} is negative, -0, Inf or NaN",
+            obj=obj.id,
+        )
+    return words

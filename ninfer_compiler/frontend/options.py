@@ -13,7 +13,7 @@ DENSE_DTYPES = {
     "float16": "float16",
     "fp16": "float16",
 }
-QUANTIZED_FORMATS = ("q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16", "nvfp4")
+QUANTIZED_FORMATS = ("q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16", "nvfp4", "fp8_e4m3fn_row_bf16")
 
 
 def canonical_format(fmt: str) -> str:

@@ -58,6 +58,10 @@ KERNEL_FEATURES: dict[str, bool] = {
     # decode GEMV v5 (ops/qgemv5_cuda.cu): fused multi-output / SwiGLU / residual-add launches chained
     # with PDL; exact on the H200, but its first timed build was slower than v4 on most launches
     "gemv5": False,
+    # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
+    # tensor-core CUDA decode GEMV; checked in the interpreter and by bit-level emulation only
+    "fp8_row_triton": False,
+    "fp8_row_gemv_tc": False,
 }
 
 

@@ -1,8 +1,9 @@
-"""The tiny model with bf16 and grouped-int (q4/q5/q6/q8) weights, consumed as stored.
+"""The tiny model with bf16, grouped-int (q4/q5/q6/q8) and fp8-row weights, consumed as stored.
 
 Reference: HF in fp32 with every weight replaced by the value our stored form represents
 (bf16 rounding, or quantize -> dequantize row by row), so any mismatch is a kernel or
-layout error, not quantization noise.
+layout error, not quantization noise. The fp8-row model is checked both from encoded
+parameters and through the converter, binder and runtime (`convert_fp8_row`).
 """
 
 from __future__ import annotations
@@ -153,3 +154,172 @@ def test_bf16_activations_track_hf_bf16():
     err, hf_err = rel_err(ours, ref), rel_err(ref_bf16, ref)
     print(f"\nbf16 activations: rel err {err:.2e} (HF bf16: {hf_err:.2e})")
     assert err <= max(2 * hf_err, 1e-3)
+
+
+# ---- fp8_e4m3fn_row_bf16 (the Qwen3.8-27B nvfp4 recipe's format for most projections) -------------
+
+FP8 = "fp8_e4m3fn_row_bf16"
+FP8_PLAN = WeightPlan(
+    default="bf16",
+    overrides=(
+        ("token_embedding", FP8),
+        ("output_head", FP8),
+        ("layers.0.mlp.*", "q4_g64_fp16"),  # formats mix per layer, as in the official recipe
+        *((f"layers.*.attention.{p}", FP8) for p in ("query", "gate", "key", "value", "output")),
+        *((f"layers.*.gdn.{p}", FP8) for p in ("query", "key", "value", "z", "output")),
+        ("layers.*.mlp.*", FP8),
+    ),
+)
+
+
+def fp8_as_stored(value: np.ndarray) -> np.ndarray:
+    """The fp32 value of a weight stored as fp8 rows (the converter's quantizer, the codec's decode)."""
+    from ninfer_runtime.artifact.codecs import dequantize
+    from ninfer_runtime.artifact.quantize import quantize_fp8_row
+
+    return dequantize(quantize_fp8_row(value))
+
+
+def fp8_params(logical: dict[str, np.ndarray], param_dtypes: dict[str, str], plan: WeightPlan) -> dict[str, np.ndarray]:
+    """`encode_params` with fp8-row modules encoded into their `codes` / `row_scales` planes."""
+    from ninfer_runtime.artifact.quantize import quantize_fp8_row
+
+    fp8 = {name.removesuffix(".weight") for name in logical if f"{name.removesuffix('.weight')}.row_scales" in param_dtypes}
+    out = {}
+    for module in fp8:
+        planes = quantize_fp8_row(logical[f"{module}.weight"])
+        out[f"{module}.codes"] = planes.codes
+        out[f"{module}.row_scales"] = planes.scales.view(ml_dtypes.bfloat16)
+    rest = {n: v for n, v in logical.items() if n.removesuffix(".weight") not in fp8}
+    dtypes = {n: d for n, d in param_dtypes.items() if n not in out}
+    return out | encode_params(rest, dtypes, plan)
+
+
+def test_fp8_row_weights_match_hf():
+    """fp8-row projections, embedding and head (plus q4 and bf16 ones) against HF on the same stored
+    values: prefill and decode logits, and the greedy continuation."""
+    hf = tiny_hf_model(seed=4)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            path = our_path(name)
+            if path is not None:
+                w = p.numpy().reshape(p.shape[0], -1)
+                fmt = FP8_PLAN.format_of(path)
+                stored = fp8_as_stored(w) if fmt == FP8 else as_stored(w, fmt)
+                p.copy_(torch.tensor(stored.reshape(p.shape)))
+    cfg = Qwen35TextConfig.from_dict(hf.config.to_dict())
+    opts = ModelOptions(weights=FP8_PLAN)
+    compiled = build_model(Qwen35ForCausalLM(cfg, opts))
+    assert {p.dtype for p in compiled.params if p.name.endswith(".row_scales")} == {"bfloat16"}
+    params = fp8_params(hf_to_logical(hf.state_dict(), cfg), compiled.param_dtypes, FP8_PLAN)
+    assert params["token_embedding.codes"].shape == (512, 64) and params["output_head.row_scales"].shape == (512,)
+    assert "layers.0.mlp.up.base" in params and "layers.1.mlp.up.codes" in params
+    prompt = np.random.default_rng(8).integers(2, 400, size=70)
+    extra = np.array([17, 300, 45])
+    with torch.no_grad():
+        ref = hf(torch.tensor(np.concatenate([prompt, extra])[None])).logits[0].numpy()
+        greedy = hf.generate(torch.tensor(prompt[None]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, len(prompt):].tolist()
+    d = Driver(compiled, params, cfg, opts)
+    seq = d.new_sequence()
+    logits = [d.prefill(seq, prompt, all_logits=True)]
+    logits += [d.decode([seq], np.array([t])) for t in extra]
+    err = rel_err(np.concatenate(logits), ref)
+    print(f"\nfp8-row + q4 + bf16 weights: rel err {err:.2e}")
+    assert err <= 1e-4
+    seq = d.new_sequence()
+    tokens = [int(np.argmax(d.prefill(seq, prompt)[-1]))]
+    for _ in range(11):
+        tokens.append(int(np.argmax(d.decode([seq], np.array([tokens[-1]]))[-1])))
+    assert tokens == greedy
+
+
+def test_tied_fp8_embedding_serves_as_head():
+    hf = tiny_hf_model(seed=5, tie_word_embeddings=True)
+    plan = WeightPlan(overrides=(("token_embedding", FP8),))
+    with torch.no_grad():
+        table = hf.model.embed_tokens.weight
+        table.copy_(torch.tensor(fp8_as_stored(table.numpy())))
+    cfg = Qwen35TextConfig.from_dict(hf.config.to_dict())
+    opts = ModelOptions(weights=plan)
+    compiled = build_model(Qwen35ForCausalLM(cfg, opts))
+    assert not any(p.name.startswith("output_head") for p in compiled.params)
+    params = fp8_params(hf_to_logical(hf.state_dict(), cfg), compiled.param_dtypes, plan)
+    prompt = np.random.default_rng(9).integers(2, 400, size=20)
+    with torch.no_grad():
+        ref = hf(torch.tensor(prompt[None])).logits[0].numpy()
+    d = Driver(compiled, params, cfg, opts)
+    assert rel_err(d.prefill(d.new_sequence(), prompt, all_logits=True), ref) <= 1e-4
+
+
+# ---- an fp8-row artifact from the converter, compiled for cpu ----------------------------------------
+
+FP8_ROLES = ("embedding", "output_head", "attention.query_key_gate_value", "attention.output",
+             "gdn.query_key_value_z", "gdn.output", "mlp.gate_up", "mlp.down")
+
+
+def convert_fp8_row(out):
+    """The tiny Qwen3.5 converted with an fp8-row test recipe: the nvfp4 recipe's packing (one parent
+    per projection group: `[q; k; g; v]`, `[q; k; v; z]`, `[gate; up]`) with the embedding, the head and
+    every projection stored fp8-row, except layer 0's MLP (kept nvfp4 / q8, as the Qwen3.8-27B recipe
+    mixes nvfp4 and fp8-row MLPs by layer)."""
+    from ninfer_compiler.convert import recipes
+    from ninfer_compiler.convert.driver import convert
+    from ninfer_compiler.testmodel.factory import cached_hf_model
+
+    original = recipes.format_for
+
+    def fmt(recipe: str, family: str, role: str, layer: int | None) -> str:
+        if role in FP8_ROLES and not (role.startswith("mlp.") and layer == 0):
+            return FP8
+        return original(recipe, family, role, layer)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(recipes, "format_for", fmt)
+        convert(cached_hf_model("qwen3_5"), out, "nvfp4")
+    return out
+
+
+@pytest.fixture(scope="module")
+def fp8_package(tmp_path_factory):
+    from ninfer_compiler.compile import CompileOptions, compile_artifact
+
+    root = tmp_path_factory.mktemp("fp8-row")
+    art = convert_fp8_row(root / "fp8.ninfer")
+    compile_artifact(art, root / "pkg", CompileOptions(max_context=1024, prefill_chunk=32))
+    return art, root / "pkg"
+
+
+def test_converted_fp8_row_artifact_matches_hf(fp8_package):
+    """Artifact -> binder (row views of packed fp8 parents) -> cpu package -> runtime, against HF on the
+    artifact's decoded weights: one-shot and chunked prefill, decode, the greedy continuation."""
+    from ninfer_runtime.artifact import Artifact
+    from ninfer_runtime.runner import ModelRunner
+    from tests.compiler.test_end_to_end import PROMPT, _greedy_continuation, _hf_from_artifact
+
+    art, pkg = fp8_package
+    with Artifact(art) as a:
+        fmt = {name: a.tensor_object(b.parts[0].object).format for name, b in a.bindings.items()}
+        (key,) = a.binding("text/layers/0/gdn/key").parts
+    assert fmt["text/token_embedding"] == fmt["text/output_head"] == fmt["text/layers/3/attention/gate"] == FP8
+    assert fmt["text/layers/1/mlp/down"] == FP8 and fmt["text/layers/0/mlp/gate"] == "nvfp4"
+    assert key.begin == 64 * 64  # `key` is rows 64.. of the layer's [q; k; v; z] parent
+    model = _hf_from_artifact(art)
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
+        greedy = model.generate(torch.tensor([PROMPT]), max_new_tokens=16, do_sample=False, eos_token_id=None,
+                                pad_token_id=0)[0, len(PROMPT):].tolist()
+    runner = ModelRunner(pkg)
+    seq = runner.pool.acquire()
+    oneshot = runner.prefill(seq, PROMPT, all_logits=True)
+    runner.pool.release(seq)
+    err = rel_err(oneshot, ref)
+    print(f"\nconverted fp8-row artifact: rel err {err:.2e}")
+    assert err <= 1e-4
+    seq = runner.pool.acquire()
+    head = runner.prefill(seq, PROMPT[:40], all_logits=True)
+    tail = [runner.decode([seq], [t])[0] for t in PROMPT[40:]]
+    runner.pool.release(seq)
+    assert rel_err(np.concatenate([head, np.stack(tail)]), ref) <= 1e-4
+    assert _greedy_continuation(runner, oneshot[-1], 16) == greedy
+    runner.pool.check_all_free()

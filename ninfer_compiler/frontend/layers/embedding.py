@@ -1,4 +1,4 @@
-"""Token embedding table `[V, H]` (dense `weight`, or grouped-int planes), looked up by id."""
+"""Token embedding table `[V, H]` (dense `weight`, or grouped-int / fp8-row planes), looked up by id."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class Embedding(nn.Module):
 
 
 def make_embedding(num_rows: int, dim: int, plan: WeightPlan, path: str, out_dtype: str) -> nn.Module:
-    """The embedding module for parameter `path` under `plan` (dense or grouped-int)."""
+    """The embedding module for parameter `path` under `plan` (dense, grouped-int or fp8-row)."""
     fmt = plan.format_of(path)
     if fmt in DENSE_DTYPES.values():
         return Embedding(num_rows, dim, fmt, out_dtype)

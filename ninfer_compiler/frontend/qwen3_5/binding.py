@@ -16,10 +16,11 @@ from ninfer_runtime.weights import ParamEntry
 from ..options import WeightPlan
 from .config import Qwen35TextConfig
 
-PLANES = ("base", "high", "scales", "codes", "block_scales", "divisor")  # grouped-int, then nvfp4
+PLANES = ("base", "high", "scales", "codes", "block_scales", "divisor", "row_scales")  # grouped-int, nvfp4, fp8 row
 # artifact format -> the weight plan's name for it
 PLAN_FORMATS = {"bf16": "bfloat16", "fp32": "float32", "q4_g64_fp16": "q4_g64_fp16", "q5_g64_fp16": "q5_g64_fp16",
-                "q6_g64_fp16": "q6_g64_fp16", "q8_g32_fp16": "q8_g32_fp16", "nvfp4": "nvfp4"}
+                "q6_g64_fp16": "q6_g64_fp16", "q8_g32_fp16": "q8_g32_fp16", "nvfp4": "nvfp4",
+                "fp8_e4m3fn_row_bf16": "fp8_e4m3fn_row_bf16"}
 
 
 class BindingError(ValueError):
@@ -94,7 +95,8 @@ def check_loadable(art: Artifact, entries: list[ParamEntry]) -> None:
 
     seen = set()
     for entry in entries:
-        key = (entry.plane, entry.dtype)
+        stored = art.tensor_object(art.binding(entry.binding).parts[0].object).format  # nvfp4 and fp8 share `codes`
+        key = (stored, entry.plane, entry.dtype)
         if key in seen:
             continue
         seen.add(key)
