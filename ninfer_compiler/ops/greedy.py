@@ -191,18 +191,21 @@ def greedy_gpu_func(vocab: int, bound: bool = True):  # noqa: ANN201 (a tirx.Pri
                 s_sh[tx] = st[1]
             for tx in loop(T.int64(NT), "threadIdx.x"):
                 if tx == T.int64(0):
-                    acc = T.alloc_buffer((2,), "float32", scope="local")
-                    best = T.alloc_buffer((1,), "int32", scope="local")
+                    acc = T.alloc_buffer((3,), "float32", scope="local")  # max, sum, this entry's max
+                    best = T.alloc_buffer((2,), "int32", scope="local")  # index, this entry's index
                     acc[0] = m_sh[0]
                     best[0] = i_sh[0]
                     for t in range(T.int64(1), T.int64(NT)):
-                        if m_sh[t] > acc[0] or (m_sh[t] == acc[0] and i_sh[t] < best[0]):
-                            acc[0] = m_sh[t]
-                            best[0] = i_sh[t]
+                        acc[2] = m_sh[t]  # shared loads outside the conditions (sync planning)
+                        best[1] = i_sh[t]
+                        if acc[2] > acc[0] or (acc[2] == acc[0] and best[1] < best[0]):
+                            acc[0] = acc[2]
+                            best[0] = best[1]
                     acc[1] = T.float32(0)
                     for t in range(T.int64(NT)):
-                        acc[1] = acc[1] + T.if_then_else(m_sh[t] == T.float32("-inf"), T.float32(0),
-                                                         s_sh[t] * T.exp(m_sh[t] - acc[0]))
+                        acc[2] = m_sh[t]
+                        acc[1] = acc[1] + T.if_then_else(acc[2] == T.float32("-inf"), T.float32(0),
+                                                         s_sh[t] * T.exp(acc[2] - acc[0]))
                     tok[b] = best[0]
                     lp[b] = T.float32(0) - T.log(acc[1])
 

@@ -85,3 +85,21 @@ def test_builds_for_every_cuda_arch():
     for arch in ("sm_90a", "sm_120a", "sm_121a"):
         partial, combine = images(arch)
         assert partial.fatbin and combine.fatbin
+
+
+def test_tir_gpu_form_builds_for_cuda():
+    import shutil
+
+    import tvm
+
+    from ninfer_compiler.codegen.targets import tvm_target
+    from ninfer_compiler.codegen.toolchain import cuda_build
+    from ninfer_compiler.ops.greedy import greedy_gpu_func
+    from ninfer_runtime import targets
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    target = tvm_target(targets.load("h200"))
+    func = greedy_gpu_func(248320, True).with_attr("global_symbol", "greedy_gpu")
+    with cuda_build(target):
+        tvm.tirx.build(tvm.IRModule({"greedy_gpu": func}), target=target)
