@@ -59,9 +59,9 @@ KERNEL_FEATURES: dict[str, bool] = {
     # with PDL; exact on the H200, but its first timed build was slower than v4 on most launches
     "gemv5": False,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
-    # tensor-core CUDA decode GEMV; checked in the interpreter and by bit-level emulation only
-    "fp8_row_triton": False,
-    "fp8_row_gemv_tc": False,
+    # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)
+    "fp8_row_triton": True,
+    "fp8_row_gemv_tc": True,
 }
 
 

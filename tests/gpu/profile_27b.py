@@ -292,14 +292,14 @@ def table(launches: list[dict], copy_gb_s: float = 4155.0) -> tuple[str, list[di
 
 
 def _is_once(launches: list[dict], i: int) -> bool:
-    """Kernels that run once per call, not once per layer: embedding, last token, output head (the
-    last matmul of the call)."""
+    """Kernels that run once per call, not once per layer: embedding, last token, the output head
+    (the last matmul of the call) and what follows it (logits cast, the greedy choice)."""
     name = launches[i]["name"]
     if name.startswith(("dequant_embedding", "embedding", "last_token")):
         return True
     matmuls = [j for j, k in enumerate(launches)
                if any(tag in k["name"] for tag in ("matmul", "dense_nt", "qgemv", "qgemm", "gemv", "gemm"))]
-    return bool(matmuls) and i == matmuls[-1]
+    return bool(matmuls) and i >= matmuls[-1]
 
 
 def extrapolate(launches: list[dict], proxy_layers: int = LAYERS, full_layers: int = 64) -> list[dict]:

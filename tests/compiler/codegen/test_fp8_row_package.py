@@ -1,10 +1,10 @@
 """fp8-row weights in h200 exports and packages (structural; no GPU needed).
 
 The tiny model converted with the fp8-row test recipe (`convert_fp8_row`: embedding, head and every
-projection fp8-row except layer 0's MLP) is exported for h200. With the opt-in fp8 kernels switched
-on, decode's CUDA graph holds the tensor-core GEMV (projections with K % 128 == 0) and the Triton
-GEMV (K = 64, 192), prefill the Triton GEMM; by default both keep the reference TE ops and the
-package builds with them. Numerics on the cpu target: tests/compiler/test_qwen3_5_weight_formats.py;
+projection fp8-row except layer 0's MLP) is exported for h200. With the tuned fp8 kernels (the
+default), decode's CUDA graph holds the tensor-core GEMV (projections with K % 128 == 0) and the
+Triton GEMV (K = 64, 192), prefill the Triton GEMM; switched off (NINFER_KERNELS), both keep the
+reference TE ops and the package builds with them. Numerics on the cpu target: tests/compiler/test_qwen3_5_weight_formats.py;
 on the GPU: tests/gpu/check_fp8_row.py.
 """
 
@@ -30,10 +30,8 @@ def fp8_artifact(tmp_path_factory) -> Path:
 def _features(monkeypatch, on: bool) -> None:
     from ninfer_compiler.ops import fp8_row
 
-    if on:
-        monkeypatch.setenv("NINFER_KERNELS", f"+{fp8_row.TRITON_FEATURE},+{fp8_row.TC_FEATURE}")
-    else:
-        monkeypatch.delenv("NINFER_KERNELS", raising=False)
+    sign = "+" if on else "-"
+    monkeypatch.setenv("NINFER_KERNELS", f"{sign}{fp8_row.TRITON_FEATURE},{sign}{fp8_row.TC_FEATURE}")
 
 
 def _lowered(art: Path):
@@ -79,7 +77,7 @@ def test_decode_graph_holds_the_fp8_kernels(fp8_artifact, monkeypatch):
     assert "fp8_row_embedding" in captured and "fp8_row_embedding" in prefill  # the gather stays TE
 
 
-def test_reference_fp8_ops_by_default(fp8_artifact, monkeypatch):
+def test_reference_fp8_ops_when_switched_off(fp8_artifact, monkeypatch):
     require_tool("nvcc", "the CUDA toolkit builds device code")
     _features(monkeypatch, False)
     mod = _lowered(fp8_artifact)
@@ -87,10 +85,10 @@ def test_reference_fp8_ops_by_default(fp8_artifact, monkeypatch):
         assert "ninfer_fp8_row" not in mod[fn].script()
 
 
-@pytest.mark.parametrize("tuned", [True, False], ids=["opt-in-kernels", "default"])
+@pytest.mark.parametrize("tuned", [True, False], ids=["tuned-kernels", "te-ops"])
 def test_h200_package_builds(fp8_artifact, tmp_path, monkeypatch, tuned):
-    """The whole package: SASS for sm_90a only; with the opt-in kernels their images and launchers
-    inside and recorded in the manifest, by default none of them (the TE ops scheduled by TVM)."""
+    """The whole package: SASS for sm_90a only; with the tuned fp8 kernels (the default) their images
+    and launchers inside and recorded in the manifest, switched off none of them (the TE ops)."""
     require_tool("nvcc", "the CUDA toolkit builds device code")
     from ninfer_compiler.codegen.fatbin import extract_fatbins, inspect_library
     from ninfer_compiler.compile import CompileOptions, compile_artifact

@@ -51,9 +51,8 @@ def test_cuda_export_binds_threads():
     from ninfer_compiler.frontend.options import ModelOptions
     from ninfer_compiler.frontend.qwen3_5.config import Qwen35TextConfig
     from ninfer_compiler.frontend.qwen3_5.model import Qwen35ForCausalLM
-    from tests.compiler.test_build import TEXT
-
     from ninfer_compiler.ops.common import reference_kernels
+    from tests.compiler.test_build import TEXT
 
     model = Qwen35ForCausalLM(Qwen35TextConfig.from_dict(TEXT), ModelOptions(dtype="bfloat16"))
     # tuned kernels on: the KV append is part of the attention prologue (a Triton extern)

@@ -1,6 +1,6 @@
 """fp8_e4m3fn_row_bf16 weights (`ops/fp8_row.py`, `runtime/weights.py`): exact decode of every word, the
 CPU TE ops against float64, row views of packed parents bound as stored, and the routing of an h200
-library (opt-in tuned kernels vs the reference TE op)."""
+library (tuned kernels vs the reference TE op)."""
 
 from __future__ import annotations
 
@@ -177,14 +177,17 @@ def _h200_export(k: int, n: int):
 
 
 def test_h200_reference_path_without_the_features(monkeypatch):
-    """Tuned fp8 kernels are opt-in: by default an h200 export keeps the TE op (no extern)."""
+    """The tuned fp8 kernels are kernel features (on by default since their H200 check): switched
+    off, an h200 export keeps the TE op (no extern)."""
     from ninfer_compiler.ops import fp8_row
 
     monkeypatch.delenv("NINFER_KERNELS", raising=False)
+    assert fp8_row.common.kernel_features()[fp8_row.TRITON_FEATURE]
+    assert fp8_row.common.kernel_features()[fp8_row.TC_FEATURE]
+    monkeypatch.setenv("NINFER_KERNELS", f"-{fp8_row.TRITON_FEATURE},-{fp8_row.TC_FEATURE}")
     _, mod = _h200_export(256, 128)
     text = mod.script()
     assert "fp8_row_matmul_bf16" in text and "ninfer_fp8_row" not in text
-    assert fp8_row.TRITON_FEATURE in fp8_row.common.kernel_features()
 
 
 def test_h200_library_carries_the_kernels(monkeypatch, tmp_path):
