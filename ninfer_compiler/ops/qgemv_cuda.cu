@@ -243,34 +243,81 @@ __device__ __forceinline__ void mma_bf16(float* d, uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// bf16x2 `v * 1 - off` (exact for the small integers here).
-__device__ __forceinline__ uint32_t bf16x2_sub(uint32_t v, uint32_t neg_off) {
+// bf16x2 `v * scale + c` (exact for the small integers here).
+__device__ __forceinline__ uint32_t bf16x2_fma(uint32_t v, uint32_t scale, uint32_t c) {
   uint32_t out;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(v), "r"(0x3F803F80u), "r"(neg_off));
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(v), "r"(scale), "r"(c));
   return out;
 }
 
-// High-plane bits of one 8-lane word, placed so that `(F >> hshift(m)) & HMASK` puts lane m's
-// high bits at bit 4 and lane m + 4's at bit 20 (see v3_pair). `h` covers the thread's 16 lanes.
-template <int BITS>
-__device__ __forceinline__ uint32_t high_word(uint32_t h, int half) {
-  if (BITS == 5) return (h & (half ? 0xFF00u : 0xFFu)) * 0x10010u;   // lane j at 4 + j and 16 + j
-  if (BITS == 6) return __byte_perm(h, 0u, half ? 0x4342 : 0x4140);  // lane j at 2j, lane j+4 at 16+2j
-  return 0u;
+// (a & M) ^ C and (a & M) | h as one LOP3 each (left to itself the compiler splits them).
+template <uint32_t M, uint32_t C>
+__device__ __forceinline__ uint32_t and_xor(uint32_t a) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(a), "n"(M), "n"(C));
+  return d;
 }
 
-// bf16x2 signed codes of lanes (m, m + 4) of word w (and its high bits F).
+template <uint32_t M>
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t h) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(M), "r"(h));
+  return d;
+}
+
+// The high-plane bits of one 8-lane word (`half` of the thread's 16 lanes in `h`), spread for the
+// pair construction below. q5: x = h8 * 0x10010 puts lane j's bit at 4 + j and 16 + j, x3 = h8 *
+// 0x8008 at 3 + j and 15 + j (IMADs, FMA pipe; no carries from 8-bit h8); q6: F with lane j's two
+// bits at 2j and lane j + 4's at 16 + 2j (one PRMT).
+struct HighBits {
+  uint32_t x, x3;
+};
+
 template <int BITS>
-__device__ __forceinline__ uint32_t v3_pair(uint32_t w, uint32_t f, int m, int half) {
-  const uint32_t t = (w >> (4 * m)) & 0x000F000Fu;
-  if (BITS == 4) return bf16x2_sub(t ^ 0x43084308u, 0xC308C308u);  // 128 + (u ^ 8) - 136
+__device__ __forceinline__ HighBits high_word(uint32_t h, int half) {
   if (BITS == 5) {
-    const uint32_t fs = f >> (m + 8 * half);
-    return bf16x2_sub((t | 0x43104310u) ^ (fs & 0x00100010u), 0xC310C310u);  // - 144
+    const uint32_t h8 = half ? (h >> 8) : (h & 0xFFu);  // h holds the thread's 16 lanes' bits
+    return {h8 * 0x10010u, h8 * 0x8008u};
   }
-  // q6: lane m's 2 bits sit at 2m in f; move them to 4 (shift left 4 - 2m)
-  const uint32_t fs = m == 3 ? (f >> 2) : (f << (4 - 2 * m));
-  return bf16x2_sub((t | 0x43204320u) ^ (fs & 0x00300030u), 0xC320C320u);  // - 160
+  if (BITS == 6) return {__byte_perm(h, 0u, half ? 0x4342 : 0x4140), 0u};
+  return {0u, 0u};
+}
+
+// bf16x2 signed codes of lanes (M, M + 4) of word w. A bf16 half with the 0x43 exponent and an
+// unsigned code u at mantissa bit p is 128 + u * 2^p, so one `fma.rn.bf16x2(v, 2^-p,
+// -(128 * 2^-p + 2^(bits-1)))` leaves the signed code exactly (the code's top bit enters flipped).
+// Choosing p per pair lets the q5/q6 high bits be used where the spread put them: per pair SHF
+// (M > 0) + 2 LOP3 + HFMA2 (q4: 1 LOP3), about half the ALU work of shifting them into place.
+template <int BITS, int M>
+__device__ __forceinline__ uint32_t code_pair(uint32_t w, HighBits hb) {
+  if (BITS == 4) {
+    const uint32_t t = M == 0 ? w : (w >> (4 * M));
+    return bf16x2_fma(and_xor<0x000F000Fu, 0x43084308u>(t), 0x3F803F80u, 0xC308C308u);  // 128 + (u ^ 8) - 136
+  }
+  if (BITS == 5) {  // p = 0, 1, 2, 2
+    if (M == 0) return bf16x2_fma(and_or<0x000F000Fu>(w, and_xor<0x00100010u, 0x43104310u>(hb.x)), 0x3F803F80u,
+                                  0xC310C310u);  // 1, -144
+    if (M == 1) return bf16x2_fma(and_or<0x001E001Eu>(w >> 3, and_xor<0x00200020u, 0x43204320u>(hb.x)), 0x3F003F00u,
+                                  0xC2A0C2A0u);  // 0.5, -80
+    return bf16x2_fma(and_or<0x003C003Cu>(w >> (M == 2 ? 6 : 10), and_xor<0x00400040u, 0x43404340u>(M == 2 ? hb.x : hb.x3)),
+                      0x3E803E80u, 0xC240C240u);  // 0.25, -48
+  }
+  // q6: p = 0, 1, 0, 1 from F << 4, F << 3 (IMAD), F, F >> 1
+  if (M == 0) return bf16x2_fma(and_or<0x000F000Fu>(w, and_xor<0x00300030u, 0x43204320u>(hb.x * 16u)), 0x3F803F80u,
+                                0xC320C320u);  // 1, -160
+  if (M == 1) return bf16x2_fma(and_or<0x001E001Eu>(w >> 3, and_xor<0x00600060u, 0x43404340u>(hb.x * 8u)), 0x3F003F00u,
+                                0xC2C0C2C0u);  // 0.5, -96
+  if (M == 2) return bf16x2_fma(and_or<0x000F000Fu>(w >> 8, and_xor<0x00300030u, 0x43204320u>(hb.x)), 0x3F803F80u,
+                                0xC320C320u);
+  return bf16x2_fma(and_or<0x001E001Eu>(w >> 11, and_xor<0x00600060u, 0x43404340u>(hb.x >> 1)), 0x3F003F00u,
+                    0xC2C0C2C0u);
+}
+
+// `code_pair` for an unrolled loop index m (0..3): the selection folds away.
+template <int BITS>
+__device__ __forceinline__ uint32_t v3_pair(uint32_t w, HighBits hb, int m) {
+  return m == 0 ? code_pair<BITS, 0>(w, hb)
+                : m == 1 ? code_pair<BITS, 1>(w, hb) : m == 2 ? code_pair<BITS, 2>(w, hb) : code_pair<BITS, 3>(w, hb);
 }
 
 __device__ __forceinline__ void store_v3(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
@@ -344,8 +391,8 @@ __device__ __forceinline__ void v3_body(const __nv_bfloat16* __restrict__ x, con
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const int q = 2 * u + j;
-            const uint32_t fa0 = high_word<BITS>(hva[q], 0), fa1 = high_word<BITS>(hva[q], 1);
-            const uint32_t fb0 = high_word<BITS>(hvb[q], 0), fb1 = high_word<BITS>(hvb[q], 1);
+            const HighBits fa0 = high_word<BITS>(hva[q], 0), fa1 = high_word<BITS>(hva[q], 1);
+            const HighBits fb0 = high_word<BITS>(hvb[q], 0), fb1 = high_word<BITS>(hvb[q], 1);
             const uint4 x0 = xv[q][0], x1 = xv[q][1];
             float t[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -353,8 +400,8 @@ __device__ __forceinline__ void v3_body(const __nv_bfloat16* __restrict__ x, con
               const uint32_t sel = (m & 1) ? 0x7632u : 0x5410u;
               const uint32_t b0 = __byte_perm(m < 2 ? x0.x : x0.y, m < 2 ? x0.z : x0.w, sel);
               const uint32_t b1 = __byte_perm(m < 2 ? x1.x : x1.y, m < 2 ? x1.z : x1.w, sel);
-              mma_bf16(t, v3_pair<BITS>(wa[q].x, fa0, m, 0), v3_pair<BITS>(wb[q].x, fb0, m, 0),
-                       v3_pair<BITS>(wa[q].y, fa1, m, 1), v3_pair<BITS>(wb[q].y, fb1, m, 1), b0, b1);
+              mma_bf16(t, v3_pair<BITS>(wa[q].x, fa0, m), v3_pair<BITS>(wb[q].x, fb0, m),
+                       v3_pair<BITS>(wa[q].y, fa1, m), v3_pair<BITS>(wb[q].y, fb1, m), b0, b1);
             }
             const float s_a = __low2float(j == 0 ? sca[u] : __lowhigh2highlow(sca[u]));
             const float s_b = __low2float(j == 0 ? scb[u] : __lowhigh2highlow(scb[u]));
@@ -563,16 +610,16 @@ __device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* 
                 __uint_as_float((wa.y ^ wb.x ^ hvb ^ x0.z ^ x1.y) & 0x3FFFFFFFu) * __low2float(q < 2 ? sca01 : scb23);
       continue;
     }
-    const uint32_t fa0 = high_word<BITS>(hva, 0), fa1 = high_word<BITS>(hva, 1);
-    const uint32_t fb0 = high_word<BITS>(hvb, 0), fb1 = high_word<BITS>(hvb, 1);
+    const HighBits fa0 = high_word<BITS>(hva, 0), fa1 = high_word<BITS>(hva, 1);
+    const HighBits fb0 = high_word<BITS>(hvb, 0), fb1 = high_word<BITS>(hvb, 1);
     float t[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       const uint32_t sel = (m & 1) ? 0x7632u : 0x5410u;
       const uint32_t b0 = __byte_perm(m < 2 ? x0.x : x0.y, m < 2 ? x0.z : x0.w, sel);
       const uint32_t b1 = __byte_perm(m < 2 ? x1.x : x1.y, m < 2 ? x1.z : x1.w, sel);
-      mma_bf16(t, v3_pair<BITS>(wa.x, fa0, m, 0), v3_pair<BITS>(wb.x, fb0, m, 0), v3_pair<BITS>(wa.y, fa1, m, 1),
-               v3_pair<BITS>(wb.y, fb1, m, 1), b0, b1);
+      mma_bf16(t, v3_pair<BITS>(wa.x, fa0, m), v3_pair<BITS>(wb.x, fb0, m), v3_pair<BITS>(wa.y, fa1, m),
+               v3_pair<BITS>(wb.y, fb1, m), b0, b1);
     }
     const __half2 ha = q < 2 ? sca01 : sca23, hb = q < 2 ? scb01 : scb23;
     const float s_a = (q & 1) ? __high2float(ha) : __low2float(ha);

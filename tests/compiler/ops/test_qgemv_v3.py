@@ -1,7 +1,7 @@
 """Decode GEMV v3 (`ops/qgemv_cuda.cu`, tensor cores): its lane mapping, checked without a GPU.
 
 `emulate_v3` redoes, bit for bit in numpy, what each thread of a warp packs into its `mma.m16n8k16`
-fragments (the shifts, masks, PRMT selectors and bf16 constants of `v3_pair`, `high_word` and the
+fragments (the shifts, masks, PRMT selectors and bf16 constants of `code_pair`, `high_word` and the
 activation pairing) and applies the PTX fragment layout of A, B and D. If the mapping of physical
 lanes to the MMA's k were wrong in A or B, or the code/sign arithmetic were off, the emulated
 result would not equal `decode_row_split(planes) @ x`. The kernels themselves are compiled for the
@@ -21,6 +21,7 @@ from ninfer_compiler.ops import qgemv
 from ninfer_compiler.ops.row_split import decode_row_split, plane_shapes
 
 from ..codegen.conftest import require_tool
+from .test_qgemv5_emulation import halves, mul, q4_pair, q5_pair, q6_pair
 
 FORMATS = {"q4_g64_fp16": 4, "q5_g64_fp16": 5, "q6_g64_fp16": 6}
 M32 = np.uint64(0xFFFFFFFF)
@@ -44,27 +45,23 @@ def bf16_halves(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
-def high_word(h: np.ndarray, bits: int, half: int) -> np.ndarray:
+def high_word(h: np.ndarray, bits: int, half: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The kernel's `high_word`: q5 (x, x3) = h8 * (0x10010, 0x8008); q6 (F, -) by one PRMT."""
     if bits == 5:
-        return ((h & np.uint64(0xFF00 if half else 0xFF)) * np.uint64(0x10010)) & M32
+        h8 = (h >> np.uint64(8)) if half else (h & np.uint64(0xFF))
+        return mul(h8, 0x10010), mul(h8, 0x8008)
     if bits == 6:
-        return byte_perm(h, np.zeros_like(h), 0x4342 if half else 0x4140)
-    return np.zeros_like(h)
+        return byte_perm(h, np.zeros_like(h), 0x4342 if half else 0x4140), None
+    return None, None
 
 
-def v3_pair(w: np.ndarray, f: np.ndarray, bits: int, m: int, half: int) -> tuple[np.ndarray, np.ndarray]:
-    """Signed codes of lanes (m, m + 4) of w, as the kernel's bf16x2 ops compute them."""
-    t = (w >> np.uint64(4 * m)) & np.uint64(0x000F000F)
-    if bits == 4:
-        u, off = t ^ np.uint64(0x43084308), 136.0
-    elif bits == 5:
-        fs = f >> np.uint64(m + 8 * half)
-        u, off = (t | np.uint64(0x43104310)) ^ (fs & np.uint64(0x00100010)), 144.0
-    else:
-        fs = (f >> np.uint64(2)) if m == 3 else ((f << np.uint64(4 - 2 * m)) & M32)
-        u, off = (t | np.uint64(0x43204320)) ^ (fs & np.uint64(0x00300030)), 160.0
-    lo, hi = bf16_halves(u)
-    return lo - off, hi - off
+def v3_pair(w: np.ndarray, f: tuple, bits: int, m: int, half: int) -> tuple[np.ndarray, np.ndarray]:
+    """Signed codes of lanes (m, m + 4) of w, as the kernel's `code_pair` computes them (the same
+    construction as v5's, emulated in test_qgemv5_emulation.py, exactness of every bf16x2 FMA
+    asserted)."""
+    x, x3 = f
+    v = q4_pair(w, m) if bits == 4 else q5_pair(w, x, x3, m) if bits == 5 else q6_pair(w, x, m)
+    return halves(v)
 
 
 def emulate_v3(planes: dict[str, np.ndarray], bits: int, x_bits: np.ndarray) -> np.ndarray:
