@@ -480,7 +480,7 @@ NINFER_QGEMV3(6, float, f32)
 #define NINFER_V4_STAGES_Q4 2
 #endif
 #ifndef NINFER_V4_STAGES_Q5
-#define NINFER_V4_STAGES_Q5 2
+#define NINFER_V4_STAGES_Q5 3
 #endif
 #ifndef NINFER_V4_STAGES_Q6
 #define NINFER_V4_STAGES_Q6 2

@@ -62,7 +62,7 @@ constexpr int kKernels = 32 + 3 + 3;  // v2: 4 formats x 4 batch sizes x 2 dtype
 
 // v4's ring depth per format; must equal the kernel's (tests/compiler/ops/test_qgemv_v4.py checks).
 #define NINFER_V4_STAGES_Q4 2
-#define NINFER_V4_STAGES_Q5 2
+#define NINFER_V4_STAGES_Q5 3
 #define NINFER_V4_STAGES_Q6 2
 #define NINFER_V4_XSTAGE 0
 constexpr uint32_t kV4MaxWarps = 8;
@@ -170,11 +170,13 @@ uint32_t choose_ks_v3(uint32_t n_rows, uint32_t k) {
 // v4: K-split warps per 16-row tile (1, 2, 4 or 8) for >= 8,192 warps per launch (several waves:
 // short warps that finish at different times balance the SMs), each warp keeping >= 1 stage of 256
 // lanes. Measured on the H200 (docs/kernels/decode-gemv-v4.md): ks = 8 was best or within 3% for
-// every 27B projection except the head (15,520 tiles: ks = 1) and q5 6144x5120 (ks = 4 7% faster).
-uint32_t choose_ks_v4(uint32_t n_rows, uint32_t k) {
+// every 27B projection except the head (15,520 tiles: ks = 1); with the 3-stage q5 ring, the q5
+// projections of K <= 8,192 (6144x5120, 5120x6144) are 7-17% faster at ks = 4.
+uint32_t choose_ks_v4(int bits, uint32_t n_rows, uint32_t k) {
   const uint32_t tiles = n_rows / 16, units = k / 256;
+  const uint32_t cap = bits == 5 && k <= 8192 ? 4 : kV4MaxWarps;
   uint32_t ks = 1;
-  while (ks < kV4MaxWarps && tiles * ks < 8192 && units >= 2 * ks) ks *= 2;
+  while (ks < cap && tiles * ks < 8192 && units >= 2 * ks) ks *= 2;
   return ks;
 }
 
@@ -200,7 +202,7 @@ void qgemv(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorVi
   const bool v4_ok = v3_ok && k % 256 == 0 && reinterpret_cast<uintptr_t>(address(high)) % 16 == 0;
   uint32_t ks4 = 0, grid4 = 0, warps4 = 0;
   if (v4_ok) {
-    ks4 = choose_ks_v4(static_cast<uint32_t>(n), static_cast<uint32_t>(k));
+    ks4 = choose_ks_v4(static_cast<int>(bits), static_cast<uint32_t>(n), static_cast<uint32_t>(k));
     warps4 = ks4 > 4 ? ks4 : 4;
     grid4 = static_cast<uint32_t>((n / 16 + warps4 / ks4 - 1) / (warps4 / ks4));
   }

@@ -221,9 +221,10 @@ def _v4_geometry(n: int, k: int, ks: int) -> tuple[int, int]:  # qgemv_host.cc: 
     return -(-(n // 16) // (warps // ks)), warps
 
 
-def _ks_v4(n: int, k: int) -> int:  # qgemv_host.cc choose_ks_v4
+def _ks_v4(n: int, k: int, bits: int = 4) -> int:  # qgemv_host.cc choose_ks_v4
+    cap = 4 if bits == 5 and k <= 8192 else 8
     ks = 1
-    while ks < 8 and (n // 16) * ks < 8192 and k // 256 >= 2 * ks:
+    while ks < cap and (n // 16) * ks < 8192 and k // 256 >= 2 * ks:
         ks *= 2
     return ks
 
@@ -234,7 +235,7 @@ def _v4_stage_bytes(bits: int, xs: int = 0) -> int:  # V4<BITS>::STAGE
 
 # the default build of v4 and others: tag -> ring depth for (q4, q5, q6), activation rows staged
 # (NINFER_V4_XSTAGE), measurement-only build (no numerics), extra nvcc defines
-V4_DEFAULT = {"stages": (2, 2, 2), "xs": 0, "diag": False, "defs": []}  # = qgemv.V4_STAGES
+V4_DEFAULT = {"stages": (2, 3, 2), "xs": 0, "diag": False, "defs": []}  # = qgemv.V4_STAGES
 V4_VARIANTS = {
     "v4s3": {"stages": (3, 3, 3), "xs": 0, "diag": False, "defs": []},
     "v4s4": {"stages": (4, 4, 3), "xs": 0, "diag": False, "defs": []},
@@ -415,7 +416,7 @@ def cupy_check(out: Path, reps: int, dense: bool) -> int:
                     (grid,), (warps * 32,), (x, *planes, y, u32(n), u32(k), u32(b), u32(ks)))
             else:  # v4 or a v4 build with other ring depths
                 bits = int(fmt[1])
-                ks = ks or _ks_v4(n, k)
+                ks = ks or _ks_v4(n, k, bits)
                 grid, warps = _v4_geometry(n, k, ks)
                 conf = v4conf[variant]
                 per_warp = conf["stages"][bits - 4] * _v4_stage_bytes(bits, conf["xs"])
@@ -462,7 +463,7 @@ def cupy_check(out: Path, reps: int, dense: bool) -> int:
                     for ks in (1, 2, 4, 8):
                         if k // 256 >= ks:
                             key = f"{v} ks={ks}"
-                            if ks == _ks_v4(n, k):
+                            if ks == _ks_v4(n, k, int(fmt[1])):
                                 sweeps.append((name, b, key, entry.get(v, float("nan"))))
                                 continue
                             try:
