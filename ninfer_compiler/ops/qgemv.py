@@ -39,6 +39,7 @@ from .row_split import grouped_format
 HERE = Path(__file__).resolve().parent
 DEVICE_SOURCE = HERE / "qgemv_cuda.cu"
 HOST_SOURCE = HERE / "qgemv_host.cc"
+CODES_HEADER = HERE / "qgemv_codes.h"  # code pairs shared by the v3/v4 and v5 kernels
 SYMBOL = "ninfer_qgemv"
 DENSE_SYMBOL = "ninfer_dense_gemv"
 DENSE_MAX_ROWS = 256  # one block per row: small N only (cuBLAS-level or better up to ~256 rows; see notes)
@@ -65,9 +66,16 @@ def dense_supported(x: nn.Tensor, weight: nn.Tensor) -> bool:
             and isinstance(k, int) and k % 8 == 0 and rows <= DENSE_MAX_ROWS)
 
 
+def codes_key() -> str:
+    """A define naming the shared code-pair header's content (`qgemv_codes.h`): the kernel cache keys
+    on the source file's bytes, so its includes must enter the key through the flags."""
+    digest = hashlib.sha256(CODES_HEADER.read_bytes()).hexdigest()[:16]
+    return f"NINFER_CODES_KEY=0x{digest}"
+
+
 def fatbin(arch: str, dense: bool = False) -> bytes:
     """nvcc's fatbin of the kernels for `arch` (SASS only, cached; `dense`: the dense kernels alone)."""
-    defines = ("NINFER_GEMV_DENSE_ONLY",) if dense else ()
+    defines = (("NINFER_GEMV_DENSE_ONLY",) if dense else ()) + (codes_key(),)
     return nvcc_fatbin(DEVICE_SOURCE, arch, defines, tag="qgemv")
 
 
@@ -150,7 +158,7 @@ def v5_enabled() -> bool:
 def fatbin_v5(arch: str) -> bytes:
     """nvcc's fatbin of the v5 kernels for `arch` (SASS only, cached; the key covers the plan header)."""
     digest = hashlib.sha256(V5_PLAN_HEADER.read_bytes()).hexdigest()[:16]
-    return nvcc_fatbin(V5_DEVICE_SOURCE, arch, (f"NINFER_V5_PLAN_KEY=0x{digest}",), tag="qgemv5")
+    return nvcc_fatbin(V5_DEVICE_SOURCE, arch, (f"NINFER_V5_PLAN_KEY=0x{digest}", codes_key()), tag="qgemv5")
 
 
 def host_source_v5(arch: str) -> str:

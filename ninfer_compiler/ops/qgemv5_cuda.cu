@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "qgemv5_plan.h"
+#include "qgemv_codes.h"
 
 #ifndef NINFER_V5_EVICT_FIRST  // weight copies tagged L2 evict-first (they are read once per launch)
 #define NINFER_V5_EVICT_FIRST 1
@@ -48,61 +49,21 @@ constexpr uint32_t XAHEAD = XSLOTS - 3;         // units the producers stage bey
 
 static_assert(sizeof(V5Params) <= 4096, "kernel parameter space");
 
-__device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t s, uint32_t c) {
-  uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(s), "r"(c));
-  return d;
-}
+using ninfer_codes::code_pair;
+using ninfer_codes::HighBits;
+using ninfer_codes::mma_bf16;
 
-__device__ __forceinline__ void mma_bf16(float* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// (a & M) ^ C and (a & M) | h as one LOP3 each (left to itself the compiler reassociates the q5/q6
-// expressions into three).
-template <uint32_t M, uint32_t C>
-__device__ __forceinline__ uint32_t and_xor(uint32_t a) {
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(a), "n"(M), "n"(C));
-  return d;
-}
-
-template <uint32_t M>
-__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t h) {
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(M), "r"(h));
-  return d;
-}
-
-// ---- codes -> bf16 pairs -------------------------------------------------------------------
-// q4, lanes (m, m + 4) of word w at bits 0..3 and 16..19 (p = 0): SHF (m > 0) + LOP3 + HFMA2.
+// ---- codes -> bf16 pairs (qgemv_codes.h, shared with v3/v4) ------------------------------------
+// q4: lanes (m, m + 4) at p = 0; q5: X = h8 * 0x10010 / X3 = h8 * 0x8008 (`q5_high`), p = 0, 1, 2, 2;
+// q6: F as below, p = 0, 1, 0, 1.
 template <int M>
 __device__ __forceinline__ uint32_t q4_pair(uint32_t w) {
-  const uint32_t t = M == 0 ? w : (w >> (4 * M));
-  return hfma2(and_xor<0x000F000Fu, 0x43084308u>(t), 0x3F803F80u, 0xC308C308u);  // 128 + (u ^ 8) - 136
+  return code_pair<4, M>(w, HighBits{0u, 0u});
 }
 
-// q5: X = h8 * 0x10010 puts lane j's high bit at 4 + j and 16 + j (no carries: 8-bit h8), so pairs
-// m = 0, 1, 2 take their high bits from X in place at p = m (bit 4 + m), and only the nibbles move
-// (w >> 3m); m = 3 would need p = 3 (bit 7 is the exponent), so it uses X3 = h8 * 0x8008 (lane j at
-// 3 + j and 15 + j) and p = 2. Per pair: SHF (m > 0) + 2 LOP3 + HFMA2; per word 2 IMAD. The high bit
-// enters flipped (u ^ 16), so 128 * 2^-p + 16 removes magic and bias.
 template <int M>
 __device__ __forceinline__ uint32_t q5_pair(uint32_t w, uint32_t x, uint32_t x3) {
-  if (M == 0) {
-    const uint32_t h = and_xor<0x00100010u, 0x43104310u>(x);
-    return hfma2(and_or<0x000F000Fu>(w, h), 0x3F803F80u, 0xC310C310u);  // 1, -144
-  }
-  if (M == 1) {
-    const uint32_t h = and_xor<0x00200020u, 0x43204320u>(x);
-    return hfma2(and_or<0x001E001Eu>(w >> 3, h), 0x3F003F00u, 0xC2A0C2A0u);  // 0.5, -80
-  }
-  const uint32_t h = and_xor<0x00400040u, 0x43404340u>(M == 2 ? x : x3);
-  return hfma2(and_or<0x003C003Cu>(w >> (M == 2 ? 6 : 10), h), 0x3E803E80u, 0xC240C240u);  // 0.25, -48
+  return code_pair<5, M>(w, HighBits{x, x3});
 }
 
 // hi * 65536 + lo as an IMAD (FMA pipe; the compiler would pick a PRMT, an ALU op).
@@ -113,25 +74,10 @@ __device__ __forceinline__ uint32_t spread16(uint32_t hi, uint32_t lo) {
 }
 
 // q6: F = hh * 65536 + hl (hl, hh: the high bytes of lanes 0..3 and 4..7 of the word) puts lane m's
-// two bits at 2m and lane m + 4's at 16 + 2m. m = 0: p = 0, F << 4; m = 1: p = 1, F << 3 (both left
-// shifts, IMAD on the FMA pipe); m = 2: p = 0, F in place; m = 3: p = 1, F >> 1. The top code bit is
-// flipped (u ^ 32): 128 * 2^-p + 32 removes magic and bias.
+// two bits at 2m and lane m + 4's at 16 + 2m.
 template <int M>
 __device__ __forceinline__ uint32_t q6_pair(uint32_t w, uint32_t f) {
-  if (M == 0) {
-    const uint32_t h = and_xor<0x00300030u, 0x43204320u>(f * 16u);
-    return hfma2(and_or<0x000F000Fu>(w, h), 0x3F803F80u, 0xC320C320u);  // 1, -160
-  }
-  if (M == 1) {
-    const uint32_t h = and_xor<0x00600060u, 0x43404340u>(f * 8u);
-    return hfma2(and_or<0x001E001Eu>(w >> 3, h), 0x3F003F00u, 0xC2C0C2C0u);  // 0.5, -96
-  }
-  if (M == 2) {
-    const uint32_t h = and_xor<0x00300030u, 0x43204320u>(f);
-    return hfma2(and_or<0x000F000Fu>(w >> 8, h), 0x3F803F80u, 0xC320C320u);
-  }
-  const uint32_t h = and_xor<0x00600060u, 0x43404340u>(f >> 1);
-  return hfma2(and_or<0x001E001Eu>(w >> 11, h), 0x3F003F00u, 0xC2C0C2C0u);
+  return code_pair<6, M>(w, HighBits{f, 0u});
 }
 
 // ---- shared memory -------------------------------------------------------------------------
