@@ -55,9 +55,10 @@ def test_cuda_export_binds_threads():
     from tests.compiler.test_build import TEXT
 
     model = Qwen35ForCausalLM(Qwen35TextConfig.from_dict(TEXT), ModelOptions(dtype="bfloat16"))
-    # tuned kernels on: the KV append is part of the attention prologue (a Triton extern)
+    # tuned kernels on: the KV append is part of the attention prologue and the greedy choice runs
+    # in Triton (externs); the reference kernels have TIR forms of both
     expected = {False: ["causal_conv1d_gpu", "gdn_chunked_gpu", "gdn_recurrent_gpu", "paged_attention_gpu"],
-                True: ["causal_conv1d_gpu", "gdn_chunked_gpu", "gdn_recurrent_gpu", "kv_append_gpu",
+                True: ["causal_conv1d_gpu", "gdn_chunked_gpu", "gdn_recurrent_gpu", "greedy_gpu", "kv_append_gpu",
                        "paged_attention_gpu"]}
     for reference in (False, True):
         with tvm_target(targets.load("h200")), reference_kernels() if reference else contextlib.nullcontext():
