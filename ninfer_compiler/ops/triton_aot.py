@@ -9,6 +9,7 @@ kernel's source, signature, constants, options, arch and Triton version.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import inspect
 import json
@@ -16,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,27 +75,95 @@ def _interpreter_mode(fn: Any) -> bool:
     return isinstance(fn, InterpretedFunction)
 
 
-def _compile_in_subprocess(fn: Any, **kwargs: Any) -> None:
-    """Compile (into the cache) from a fresh interpreter with Triton's interpreter mode off.
+# One child process compiles every kernel asked for from interpreter mode (the test suite): each
+# fresh interpreter would pay ~4 s of imports (TVM, torch) before a compile of a few seconds.
+_WORKER_LOOP = r"""
+import importlib, json, os, sys, traceback
+out = os.fdopen(int(sys.argv[1]), "w")  # replies on their own pipe: libraries may print to stdout
+from ninfer_compiler.ops.triton_aot import compile_kernel
+for line in sys.stdin:
+    req = json.loads(line)
+    for var, value in req["env"].items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+    try:
+        compile_kernel(getattr(importlib.import_module(req["module"]), req["name"]), **req["kwargs"])
+        reply = {"ok": True}
+    except BaseException:
+        reply = {"ok": False, "error": traceback.format_exc()[-3000:]}
+    out.write(json.dumps(reply) + "\n")
+    out.flush()
+"""
+_WORKER_ENV = ("NINFER_KERNEL_CACHE_DIR", "NINFER_CACHE_DIR")  # read per request (tests change them)
+_worker: subprocess.Popen | None = None
+_worker_replies: Any = None
+_worker_lock = threading.Lock()
 
-    Under `TRITON_INTERPRET=1` (the test suite) every jit function, Triton's own included, is an
-    interpreter object that the code generator cannot compile; a child process without the
-    flag imports the kernel's module and compiles it.
-    """
+
+def _start_worker() -> tuple[subprocess.Popen, Any]:
     import sys
 
-    module, name = fn.fn.__module__, fn.fn.__name__
-    code = ("import json, sys, importlib\n"
-            "from ninfer_compiler.ops.triton_aot import compile_kernel\n"
-            f"fn = getattr(importlib.import_module({module!r}), {name!r})\n"
-            "compile_kernel(fn, **json.loads(sys.argv[1]))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[2]
     env["PYTHONPATH"] = os.pathsep.join([str(root), os.getcwd(), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], capture_output=True,
-                          text=True, env=env)
-    if proc.returncode != 0:
-        raise ToolchainError(f"compiling {name} outside the interpreter failed:\n{proc.stderr[-3000:]}")
+    read_fd, write_fd = os.pipe()
+    # its stderr goes to a file: a pipe nobody reads while it works could fill and stall it
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen([sys.executable, "-c", _WORKER_LOOP, str(write_fd)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=log, text=True, env=env, pass_fds=(write_fd,))
+    os.close(write_fd)
+    proc.log = log  # type: ignore[attr-defined]
+    atexit.register(_stop_worker)
+    return proc, os.fdopen(read_fd)
+
+
+def _worker_log(proc: subprocess.Popen) -> str:
+    log = proc.log  # type: ignore[attr-defined]
+    log.seek(0)
+    return log.read()[-3000:]
+
+
+def _stop_worker() -> None:
+    global _worker
+    if _worker is not None and _worker.poll() is None:
+        _worker.stdin.close()
+        _worker.wait(timeout=30)
+    _worker = None
+
+
+def _compile_in_subprocess(fn: Any, **kwargs: Any) -> None:
+    """Compile (into the cache) in a child process with Triton's interpreter mode off.
+
+    Under `TRITON_INTERPRET=1` (the test suite) every jit function, Triton's own included, is an
+    interpreter object that the code generator cannot compile; a child without the flag imports
+    the kernel's module and compiles it. The child stays up for the next kernel.
+    """
+    global _worker, _worker_replies
+    module, name = fn.fn.__module__, fn.fn.__name__
+    request = json.dumps({"module": module, "name": name, "kwargs": kwargs,
+                          "env": {v: os.environ.get(v) for v in _WORKER_ENV}})
+    with _worker_lock:
+        for attempt in range(2):
+            if _worker is None or _worker.poll() is not None:
+                _worker, _worker_replies = _start_worker()
+            try:
+                _worker.stdin.write(request + "\n")
+                _worker.stdin.flush()
+                line = _worker_replies.readline()
+            except (BrokenPipeError, OSError):
+                line = ""
+            if line:
+                break
+            _worker.wait(timeout=30)
+            stderr = _worker_log(_worker)
+            _worker = None  # the child died: start another once, then give up
+            if attempt:
+                raise ToolchainError(f"compiling {name} outside the interpreter failed:\n{stderr}")
+    reply = json.loads(line)
+    if not reply["ok"]:
+        raise ToolchainError(f"compiling {name} outside the interpreter failed:\n{reply['error']}")
 
 
 def compile_kernel(
