@@ -58,6 +58,9 @@ KERNEL_FEATURES: dict[str, bool] = {
     # decode GEMV v5 (ops/qgemv5_cuda.cu): fused multi-output / SwiGLU / residual-add launches chained
     # with PDL; exact on the H200, but its first timed build was slower than v4 on most launches
     "gemv5": False,
+    # decode GEMV v4 with SwiGLU / residual-add epilogues, multi-output launches and the PDL-chained
+    # RMS norm (ops/qgemv.py `v4_fused_accepts`): the fused decode ops on the v2/v3/v4 launcher
+    "gemv4_fused": True,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
     # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)
     "fp8_row_triton": True,

@@ -52,15 +52,34 @@ def _kernel(name: str, x: nn.Tensor, modules: Sequence[nn.Module]) -> tuple[Call
 
 
 def multi_linear(x: nn.Tensor, groups: Sequence[Sequence[nn.Module]]) -> list[nn.Tensor]:
-    """For each group, the concatenation (last axis) of its modules' outputs on `x`."""
+    """For each group, the concatenation (last axis) of its modules' outputs on `x`.
+
+    One fused launch for all groups when the kernel takes every weight; else one for the groups it
+    takes (e.g. the grouped-int projections beside bf16 gates) and the plain modules for the rest."""
     fn, weights = _kernel("gemv_multi", x, [m for g in groups for m in g])
     if fn is not None:
         it = iter(weights)
         return list(fn(x, [[next(it) for _ in g] for g in groups]))
-    outs = []
-    for group in groups:
-        parts = [m(x) for m in group]
-        outs.append(parts[0] if len(parts) == 1 else op.concat(parts, dim=-1))
+    fused = [i for i, g in enumerate(groups) if _kernel("gemv_multi", x, list(g))[0] is not None]
+    outs: list[nn.Tensor | None] = [None] * len(groups)
+    if fused:
+        fn, weights = _kernel("gemv_multi", x, [m for i in fused for m in groups[i]])
+        if fn is not None:
+            it = iter(weights)
+            for i, y in zip(fused, fn(x, [[next(it) for _ in groups[i]] for i in fused]), strict=True):
+                outs[i] = y
+    # small bf16 projections left over (the GDN gates a, b) pairwise in one dense launch
+    single = [i for i, g in enumerate(groups) if outs[i] is None and len(g) == 1]
+    pairs = [linear_weight(groups[i][0]) for i in single]
+    if _decode_shaped(x) and tuned_cuda_kernels():
+        for j in range(0, len(single) - 1, 2):
+            ws = pairs[j:j + 2]
+            if None not in ws and qgemv.dense_pair_supported(x, ws):
+                outs[single[j]], outs[single[j + 1]] = qgemv.dense_gemv_pair(x, ws[0].base, ws[1].base)
+    for i, group in enumerate(groups):
+        if outs[i] is None:
+            parts = [m(x) for m in group]
+            outs[i] = parts[0] if len(parts) == 1 else op.concat(parts, dim=-1)
     return outs
 
 

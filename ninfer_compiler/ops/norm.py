@@ -20,7 +20,14 @@ def _sum_squares(x: te.Tensor) -> te.Tensor:
 
 
 def rms_norm(x: nn.Tensor, weight: nn.Tensor, eps: float, offset: bool) -> nn.Tensor:
-    """`rms(x) * (1 + w)` (offset, Qwen's zero-centred weights) or `rms(x) * w` (plain)."""
+    """`rms(x) * (1 + w)` (offset, Qwen's zero-centred weights) or `rms(x) * w` (plain).
+
+    Decode-shaped calls on CUDA run the PDL-chained kernel of the decode GEMVs when it is on
+    (`qgemv.norm_supported`), so the next projection's weight stream starts during the norm."""
+    from . import qgemv  # the GEMV extern owns the kernel (one launcher per package)
+
+    if qgemv.norm_supported(x, weight):
+        return qgemv.rms_norm_pdl(x, weight, eps, offset)
     dim = int(x.shape[-1])
 
     def compute(x: te.Tensor, w: te.Tensor) -> te.Tensor:

@@ -11,8 +11,15 @@ activations, v2 for q8, fp32 and small batch-1 projections; the launcher picks p
 as the GDN gates, which dlight runs in 1-2 blocks). The second is the same sources built with
 `NINFER_GEMV_DENSE_ONLY`, so a package carries only the kernels it calls.
 
+The grouped-int launcher also exports the fused decode ops on v2/v3/v4 (kernel feature
+"gemv4_fused", docs/kernels/decode-gemv-v4.md "v4.2"): `ninfer_qgemv_multi` (each weight's launch
+writes its slice of a concatenated output), `ninfer_qgemv_add` and `ninfer_qgemv_swiglu` (v4
+epilogues), and the dense launcher `ninfer_rms_norm` (the decode norms; there so that bf16 packages carry it
+without the grouped-int kernels); every launch is chained to the previous kernel by Programmatic
+Dependent Launch.
+
 A third, v5 (`qgemv5_cuda.cu`, launcher `qgemv5_host.cc`, docs/kernels/decode-gemv-v5.md), runs the
-fused decode ops: `gemv_multi` (several outputs, each the concatenation of several weights' rows,
+same fused decode ops its own way (opt-in): `gemv_multi` (several outputs, each the concatenation of several weights' rows,
 one launch), `gemv_swiglu` and `gemv_add`, over q4/q5/q6 planes and dense bf16 weights, chained
 with Programmatic Dependent Launch. `fused_accepts` says which inputs they take; `fused_supported`
 (what the dispatcher asks) also needs `v5_enabled()`, off by default until v5 is measured faster.
@@ -41,7 +48,11 @@ DEVICE_SOURCE = HERE / "qgemv_cuda.cu"
 HOST_SOURCE = HERE / "qgemv_host.cc"
 CODES_HEADER = HERE / "qgemv_codes.h"  # code pairs shared by the v3/v4 and v5 kernels
 SYMBOL = "ninfer_qgemv"
+ADD_SYMBOL, SWIGLU_SYMBOL, MULTI_SYMBOL = "ninfer_qgemv_add", "ninfer_qgemv_swiglu", "ninfer_qgemv_multi"
+NORM_SYMBOL = "ninfer_rms_norm"
+NORM_MAX_K = 8192  # qgemv_cuda.cu NORM_VECS x 8 x 256 threads
 DENSE_SYMBOL = "ninfer_dense_gemv"
+DENSE_PAIR_SYMBOL = "ninfer_dense_gemv_pair"
 DENSE_MAX_ROWS = 256  # one block per row: small N only (cuBLAS-level or better up to ~256 rows; see notes)
 MAX_ROWS = 8  # decode batch rows per weight read (larger batches loop in the launcher)
 V4_STAGES = {4: 2, 5: 3, 6: 2}  # v4 ring depth per format (NINFER_V4_STAGES_Q* in both sources)
@@ -96,6 +107,36 @@ def _infer_dense(x: nn.Tensor, weight: nn.Tensor) -> nn.Tensor:
     return nn.Tensor.placeholder([*x.shape[:-1], weight.shape[0]], x.dtype)
 
 
+def _infer_dense_pair(x: nn.Tensor, weight: nn.Tensor, weight2: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
+    return _infer_dense(x, weight), _infer_dense(x, weight2)
+
+
+def _infer_qgemv_add(x: nn.Tensor, base: nn.Tensor, high: nn.Tensor, scales: nn.Tensor, bits: int,
+                     residual: nn.Tensor) -> nn.Tensor:
+    return nn.Tensor.placeholder(list(residual.shape), residual.dtype)
+
+
+def _infer_qgemv_swiglu(x: nn.Tensor, bits: int, gate: nn.Tensor, *planes: nn.Tensor) -> nn.Tensor:
+    return nn.Tensor.placeholder([*x.shape[:-1], gate.shape[0]], x.dtype)
+
+
+def _infer_norm(x: nn.Tensor, weight: nn.Tensor, eps: float, offset: float) -> nn.Tensor:
+    return nn.Tensor.placeholder(list(x.shape), x.dtype)
+
+
+def _infer_qgemv_multi(x: nn.Tensor, n_out: int, *rest) -> tuple[nn.Tensor, ...]:
+    """(x, n_out, n_0 .. n_{n_out-1}, then 4 arguments per weight: a code, base, high, scales)."""
+    counts, planes = rest[:n_out], rest[n_out:]
+    outs, i = [], 0
+    for n in counts:
+        rows = 0
+        for _ in range(n):
+            rows += int(planes[i + 1].shape[0])
+            i += 4
+        outs.append(nn.Tensor.placeholder([*x.shape[:-1], rows], x.dtype))
+    return tuple(outs)
+
+
 def _extern(target: tvm.target.Target, dense: bool = False) -> nn.SourceModule:
     """A launcher module, registered once per export (a symbol may be added only once)."""
     exporter = Exporter.current()
@@ -105,8 +146,11 @@ def _extern(target: tvm.target.Target, dense: bool = False) -> nn.SourceModule:
         return module
     mtriple = str(target.host.attrs.get("mtriple", "")) if target.host is not None else ""
     compiler = f"{mtriple}-g++" if mtriple else None
+    functions = ({DENSE_SYMBOL: _infer_dense, DENSE_PAIR_SYMBOL: _infer_dense_pair, NORM_SYMBOL: _infer_norm} if dense else
+                 {SYMBOL: _infer_qgemv, ADD_SYMBOL: _infer_qgemv_add, SWIGLU_SYMBOL: _infer_qgemv_swiglu,
+                  MULTI_SYMBOL: _infer_qgemv_multi})
     module = nn.SourceModule(
-        {DENSE_SYMBOL: _infer_dense} if dense else {SYMBOL: _infer_qgemv},
+        functions,
         source_code=host_source(str(target.arch), dense),
         source_format="cpp",
         compile_options=[*nn.SourceModule.get_compile_options("cpp"), "-fPIC"],
@@ -130,6 +174,23 @@ def qgemv(x: nn.Tensor, base: nn.Tensor, high: nn.Tensor | None, scales: nn.Tens
 def dense_gemv(x: nn.Tensor, weight: nn.Tensor) -> nn.Tensor:
     """`y[b, 0, n] = sum_k x[b, 0, k] * weight[n, k]` (bf16, fp32 accumulation) on the GPU."""
     return _extern(tvm.target.Target.current(), dense=True)[DENSE_SYMBOL](x, weight)
+
+
+def dense_pair_supported(x: nn.Tensor, weights: Sequence[LinearWeight]) -> bool:
+    """Whether `dense_gemv_pair` takes these two weights (the "gemv4_fused" feature, each a small-N
+    bf16 weight that `dense_gemv` takes)."""
+    return (v4_fused_enabled() and len(weights) == 2
+            and all(w.fmt == "bfloat16" and dense_supported(x, w.base) for w in weights))
+
+
+def dense_gemv_pair(x: nn.Tensor, weight: nn.Tensor, weight2: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
+    """`dense_gemv` of two weights on one input in one launch (the GDN gates a and b)."""
+    _extern(tvm.target.Target.current(), dense=True)  # registers the launcher; called directly (two outputs)
+    outs = _infer_dense_pair(x, weight, weight2)
+    call = relax.op.call_dps_packed(DENSE_PAIR_SYMBOL, relax.Tuple([x._expr, weight._expr, weight2._expr]),  # noqa: SLF001
+                                    [o._expr.ty for o in outs])  # noqa: SLF001
+    out = wrap_nested(call, DENSE_PAIR_SYMBOL)
+    return tuple(out)
 
 
 # ---- v5: fused decode GEMVs -------------------------------------------------------------------
@@ -170,16 +231,7 @@ def host_source_v5(arch: str) -> str:
             + V5_HOST_SOURCE.read_text())
 
 
-def _infer_v5_multi(x: nn.Tensor, n_out: int, *rest) -> tuple[nn.Tensor, ...]:
-    counts, planes = rest[:n_out], rest[n_out:]
-    outs, i = [], 0
-    for n in counts:
-        rows = 0
-        for _ in range(n):
-            rows += int(planes[i + 1].shape[0])
-            i += 4
-        outs.append(nn.Tensor.placeholder([*x.shape[:-1], rows], x.dtype))
-    return tuple(outs)
+_infer_v5_multi = _infer_qgemv_multi  # the same argument layout (a format code per weight instead of bits)
 
 
 def _infer_v5_swiglu(x: nn.Tensor, fmt: int, gate: nn.Tensor, *planes: nn.Tensor) -> nn.Tensor:
@@ -217,9 +269,79 @@ def _weight_ok(w: LinearWeight, k: int) -> bool:
 
 
 def fused_supported(x: nn.Tensor, weights: Sequence[LinearWeight], *, op: str = "multi") -> bool:
-    """Whether the dispatcher should use the v5 fused ops (`gemv_multi`, `gemv_swiglu`, `gemv_add`)
-    for `x` and `weights` here: `v5_enabled()` and `fused_accepts(...)`."""
-    return v5_enabled() and fused_accepts(x, weights, op=op)
+    """Whether the dispatcher should use the fused ops (`gemv_multi`, `gemv_swiglu`, `gemv_add`) for
+    `x` and `weights` here: v5's (`v5_enabled()` and `fused_accepts`) or v4's (the kernel feature
+    "gemv4_fused" and `v4_fused_accepts`)."""
+    if v5_enabled():
+        return fused_accepts(x, weights, op=op)
+    return v4_fused_enabled() and v4_fused_accepts(x, weights, op=op)
+
+
+# ---- v4 fused: the launcher's epilogues (qgemv_host.cc `run`) ------------------------------------
+
+V4_BITS = {"q4_g64_fp16": 4, "q5_g64_fp16": 5, "q6_g64_fp16": 6}
+
+
+def v4_fused_enabled() -> bool:
+    """Whether the fused decode ops run on the v2/v3/v4 launcher (the kernel feature "gemv4_fused":
+    v4 with SwiGLU / residual-add epilogues, multi-output launches writing their slices, PDL)."""
+    return kernel_feature("gemv4_fused")
+
+
+def v4_fused_accepts(x: nn.Tensor, weights: Sequence[LinearWeight], *, op: str = "multi") -> bool:
+    """Whether the v4 launcher's fused ops take `x` and `weights` on the current target.
+
+    Needs tuned CUDA kernels and x bf16 `[b, 1, K]` (b may be symbolic). `op="multi"`: every weight
+    grouped-int (q4/q5/q6/q8) with K columns, rows a multiple of 16, K a multiple of 128 (each weight
+    runs the kernel the plain GEMV would). `op="swiglu"` / `"add"`: v4's epilogues, so q4/q5/q6,
+    K a multiple of 256; swiglu takes two weights of one format and shape, add one.
+    """
+    if not tuned_cuda_kernels() or str(x.dtype) != "bfloat16":
+        return False
+    shape = x.shape
+    if len(shape) != 3 or not isinstance(shape[1], int) or shape[1] != 1 or not isinstance(shape[2], int):
+        return False
+    k, weights = int(shape[2]), list(weights)
+    if not weights or not all(w.grouped and w.cols == k and w.rows % 16 == 0 and w.scales is not None
+                              and (w.high is not None or w.bits in (4, 8)) for w in weights):
+        return False
+    if op == "multi":
+        return k % 128 == 0
+    if k % 256 != 0 or not all(w.fmt in V4_BITS for w in weights):
+        return False
+    if op == "swiglu":
+        return len(weights) == 2 and weights[0].fmt == weights[1].fmt and weights[0].rows == weights[1].rows
+    return op == "add" and len(weights) == 1
+
+
+def norm_supported(x: nn.Tensor, weight: nn.Tensor) -> bool:
+    """Whether `rms_norm_pdl` takes this decode-shaped (`[b, 1, K]`) bf16 x and fp32/bf16 weight."""
+    shape = x.shape
+    return (v4_fused_enabled() and str(x.dtype) == "bfloat16" and str(weight.dtype) in ("float32", "bfloat16")
+            and len(shape) == 3 and isinstance(shape[1], int) and shape[1] == 1 and isinstance(shape[2], int)
+            and int(shape[2]) % 8 == 0 and int(shape[2]) <= NORM_MAX_K and [int(d) for d in weight.shape] == [int(shape[2])])
+
+
+def rms_norm_pdl(x: nn.Tensor, weight: nn.Tensor, eps: float, offset: bool) -> nn.Tensor:
+    """`rms(x) * (w + offset)` as a kernel of the decode GEMVs' PDL chain (`qgemv_cuda.cu`)."""
+    return _extern(tvm.target.Target.current(), dense=True)[NORM_SYMBOL](x, weight, float(eps), 1.0 if offset else 0.0)
+
+
+def _v4_planes(w: LinearWeight) -> list:
+    return [w.base, w.base if w.high is None else w.high, w.scales]
+
+
+def _v4_multi(x: nn.Tensor, outputs: list[list[LinearWeight]]) -> tuple[nn.Tensor, ...]:
+    args: list = [x, len(outputs), *(len(ws) for ws in outputs)]
+    for ws in outputs:
+        for w in ws:
+            args += [w.bits, *_v4_planes(w)]
+    _extern(tvm.target.Target.current())  # registers the launcher; called directly (several outputs)
+    outs = _infer_qgemv_multi(*args)
+    exprs = [a._expr if isinstance(a, nn.Tensor) else relax.prim_value(tirx.IntImm("int64", a)) for a in args]  # noqa: SLF001
+    call = relax.op.call_dps_packed(MULTI_SYMBOL, relax.Tuple(exprs), [o._expr.ty for o in outs])  # noqa: SLF001
+    out = wrap_nested(call, MULTI_SYMBOL)
+    return tuple(out) if isinstance(out, tuple | list) else (out,)
 
 
 def fused_accepts(x: nn.Tensor, weights: Sequence[LinearWeight], *, op: str = "multi") -> bool:
@@ -252,6 +374,8 @@ def gemv_multi(x: nn.Tensor, outputs: Sequence[Sequence[LinearWeight]]) -> tuple
     its weights (all weights share K). fp32 accumulation, one bf16 rounding per output element."""
     outputs = [list(ws) for ws in outputs]
     weights = [w for ws in outputs for w in ws]
+    if not v5_enabled() and outputs and all(outputs) and v4_fused_accepts(x, weights):
+        return _v4_multi(x, outputs)
     if not outputs or not all(outputs) or len(outputs) > V5_MAX_OUTPUTS or not fused_accepts(x, weights):
         raise ValueError("gemv_multi: unsupported inputs (see fused_accepts)")
     args: list = [x, len(outputs), *(len(ws) for ws in outputs)]
@@ -267,6 +391,8 @@ def gemv_multi(x: nn.Tensor, outputs: Sequence[Sequence[LinearWeight]]) -> tuple
 
 def gemv_swiglu(x: nn.Tensor, gate: LinearWeight, up: LinearWeight) -> nn.Tensor:
     """`silu(x Wg^T) * (x Wu^T)` from the two fp32 accumulators of the same rows, one bf16 rounding."""
+    if not v5_enabled() and v4_fused_accepts(x, [gate, up], op="swiglu"):
+        return _extern(tvm.target.Target.current())[SWIGLU_SYMBOL](x, gate.bits, *_v4_planes(gate), *_v4_planes(up))
     if not fused_accepts(x, [gate, up], op="swiglu"):
         raise ValueError("gemv_swiglu: unsupported inputs (see fused_accepts)")
     return _v5_extern()[V5_SWIGLU](x, *_v5_args(gate), *_v5_args(up)[1:])
@@ -274,6 +400,8 @@ def gemv_swiglu(x: nn.Tensor, gate: LinearWeight, up: LinearWeight) -> nn.Tensor
 
 def gemv_add(x: nn.Tensor, weight: LinearWeight, residual: nn.Tensor) -> nn.Tensor:
     """`residual + x W^T` (fp32 sum, one bf16 rounding); residual is bf16 `[b, 1, rows]`."""
+    if not v5_enabled() and v4_fused_accepts(x, [weight], op="add") and str(residual.dtype) == "bfloat16":
+        return _extern(tvm.target.Target.current())[ADD_SYMBOL](x, *_v4_planes(weight), weight.bits, residual)
     if not fused_accepts(x, [weight], op="add") or str(residual.dtype) != "bfloat16":
         raise ValueError("gemv_add: unsupported inputs (see fused_accepts)")
     return _v5_extern()[V5_ADD](x, *_v5_args(weight), residual)

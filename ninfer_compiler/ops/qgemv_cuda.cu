@@ -32,6 +32,34 @@
 
 #include "qgemv_codes.h"
 
+// Programmatic Dependent Launch (sm_90 and later; the launcher sets the launch attribute unless
+// NINFER_PDL=0): a kernel may start while the previous kernel of the stream still runs. Everything
+// it reads before `pdl_wait` must be constant for the whole step (weights, scales); activations,
+// residuals and outputs are touched only after it. `pdl_trigger` then lets the next launch's blocks
+// become resident as this launch's blocks finish, so its weight copies fill this launch's tail.
+// Both are no-ops without the attribute. Data written by the previous kernel is read with
+// `ld_dep16` (a coherent load, never the read-only data path whose contract is "constant for the
+// kernel's lifetime", which now begins before that data is written).
+namespace {
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ uint4 ld_dep16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+}  // namespace
+
 #define ROWS 4
 #define THREADS 256
 
@@ -40,7 +68,7 @@ namespace {
 
 // 8 consecutive activations as fp32 (one 16-byte load for bf16, two for fp32).
 __device__ __forceinline__ void load_x8(const __nv_bfloat16* p, float* out) {
-  const uint4 q = __ldg(reinterpret_cast<const uint4*>(p));
+  const uint4 q = ld_dep16(p);
   const uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -50,10 +78,9 @@ __device__ __forceinline__ void load_x8(const __nv_bfloat16* p, float* out) {
 }
 
 __device__ __forceinline__ void load_x8(const float* p, float* out) {
-  const float4* v = reinterpret_cast<const float4*>(p);
-  const float4 a = __ldg(v), b = __ldg(v + 1);
-  out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-  out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+  const uint4 a = ld_dep16(p), b = ld_dep16(p + 4);
+  out[0] = __uint_as_float(a.x); out[1] = __uint_as_float(a.y); out[2] = __uint_as_float(a.z); out[3] = __uint_as_float(a.w);
+  out[4] = __uint_as_float(b.x); out[5] = __uint_as_float(b.y); out[6] = __uint_as_float(b.z); out[7] = __uint_as_float(b.w);
 }
 
 __device__ __forceinline__ uint32_t word(const uint4 v, int i) {
@@ -82,7 +109,8 @@ template <int BITS, int B, typename T>
 __device__ __forceinline__ void gemv_body(const T* __restrict__ x, const uint8_t* __restrict__ base,
                                           const uint8_t* __restrict__ high,
                                           const __half* __restrict__ scales, T* __restrict__ y,
-                                          uint32_t n_rows, uint32_t k, uint32_t b_rows, uint32_t ks) {
+                                          uint32_t n_rows, uint32_t k, uint32_t b_rows, uint32_t ks,
+                                          uint32_t y_stride) {
   constexpr uint32_t GROUP = BITS == 8 ? 32u : 64u;
   constexpr uint32_t HBYTES = BITS == 5 ? 8u : (BITS == 6 ? 16u : 0u);
   constexpr float OFFSET = 8388608.0f + float(1u << (BITS - 1));
@@ -103,6 +131,8 @@ __device__ __forceinline__ void gemv_body(const T* __restrict__ x, const uint8_t
 #pragma unroll
     for (int b = 0; b < B; ++b) acc[r][b] = 0.f;
 
+  pdl_wait();
+  pdl_trigger();
   if (row0 < n_rows) {
     for (uint32_t c = kpart * 32u + lane; c < chunks; c += 32u * ks) {
       // weights of the ROWS rows for chunk c: 16 B (q4/5/6) or 32 B (q8) of base each
@@ -182,7 +212,7 @@ __device__ __forceinline__ void gemv_body(const T* __restrict__ x, const uint8_t
     float v = 0.f;
     for (uint32_t p = 0; p < ks; ++p) v += partial[p * slots + s][rb];
     const uint32_t row = (blockIdx.x * slots + s) * ROWS + r;
-    if (row < n_rows && b < b_rows) store_y(y + b * n_rows + row, v);
+    if (row < n_rows && b < b_rows) store_y(y + b * y_stride + row, v);
   }
 }
 
@@ -192,8 +222,8 @@ __device__ __forceinline__ void gemv_body(const T* __restrict__ x, const uint8_t
   extern "C" __global__ void __launch_bounds__(THREADS)                                             \
       ninfer_qgemv_q##BITS##_b##B##_##TAG(const T* x, const uint8_t* base, const uint8_t* high,     \
                                           const __half* scales, T* y, uint32_t n_rows, uint32_t k,  \
-                                          uint32_t b_rows, uint32_t ks) {                           \
-    gemv_body<BITS, B, T>(x, base, high, scales, y, n_rows, k, b_rows, ks);                        \
+                                          uint32_t b_rows, uint32_t ks, uint32_t y_stride) {        \
+    gemv_body<BITS, B, T>(x, base, high, scales, y, n_rows, k, b_rows, ks, y_stride);              \
   }
 
 #define NINFER_QGEMV_BATCHES(BITS, T, TAG) \
@@ -263,7 +293,7 @@ template <int BITS, typename TY>
 __device__ __forceinline__ void v3_body(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ base,
                                         const uint8_t* __restrict__ high, const __half* __restrict__ scales,
                                         TY* __restrict__ y, uint32_t n_rows, uint32_t k, uint32_t b_rows,
-                                        uint32_t ks) {
+                                        uint32_t ks, uint32_t y_stride) {
   constexpr uint32_t HB = BITS == 5 ? 8u : (BITS == 6 ? 16u : 0u);  // high bytes per group
   __shared__ float part[V3_MAX_WARPS * 128];
 
@@ -276,6 +306,8 @@ __device__ __forceinline__ void v3_body(const __nv_bfloat16* __restrict__ x, con
   const uint32_t cbeg = kpart * chunks / ks, cend = (kpart + 1u) * chunks / ks;
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  pdl_wait();
+  pdl_trigger();
   if (row0 < n_rows) {
     const uint32_t ra = row0 + g, rb = ra + 8u;
     const uint8_t* pa = base + ra * (groups * 32u) + c * 8u;
@@ -311,8 +343,8 @@ __device__ __forceinline__ void v3_body(const __nv_bfloat16* __restrict__ x, con
             }
             if (has_x) {
               const uint4* xp = reinterpret_cast<const uint4*>(xr + gi * 64u);
-              xv[2 * u + j][0] = __ldg(xp);
-              xv[2 * u + j][1] = __ldg(xp + 1);
+              xv[2 * u + j][0] = ld_dep16(xp);
+              xv[2 * u + j][1] = ld_dep16(xp + 1);
             } else {
               xv[2 * u + j][0] = xv[2 * u + j][1] = make_uint4(0u, 0u, 0u, 0u);
             }
@@ -356,7 +388,7 @@ __device__ __forceinline__ void v3_body(const __nv_bfloat16* __restrict__ x, con
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const uint32_t row = row0 + g + (i >> 1) * 8u, col = 2u * c + (i & 1);
-        if (col < b_rows) store_v3(y + col * n_rows + row, acc[i]);
+        if (col < b_rows) store_v3(y + col * y_stride + row, acc[i]);
       }
     }
     return;
@@ -370,7 +402,7 @@ __device__ __forceinline__ void v3_body(const __nv_bfloat16* __restrict__ x, con
     if (row >= n_rows || col >= b_rows) continue;
     float v = 0.f;
     for (uint32_t p = 0; p < ks; ++p) v += part[(p * slots + s) * 128u + rb];
-    store_v3(y + col * n_rows + row, v);
+    store_v3(y + col * y_stride + row, v);
   }
 }
 
@@ -380,8 +412,8 @@ __device__ __forceinline__ void v3_body(const __nv_bfloat16* __restrict__ x, con
   extern "C" __global__ void __launch_bounds__(V3_MAX_WARPS * 32)                                     \
       ninfer_qgemv3_q##BITS##_y##TAG(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, \
                                      const __half* scales, TY* y, uint32_t n_rows, uint32_t k,        \
-                                     uint32_t b_rows, uint32_t ks) {                                  \
-    v3_body<BITS, TY>(x, base, high, scales, y, n_rows, k, b_rows, ks);                               \
+                                     uint32_t b_rows, uint32_t ks, uint32_t y_stride) {               \
+    v3_body<BITS, TY>(x, base, high, scales, y, n_rows, k, b_rows, ks, y_stride);                     \
   }
 
 NINFER_QGEMV3(4, __nv_bfloat16, bf16)
@@ -500,7 +532,7 @@ __device__ __forceinline__ void v4_issue(uint32_t dst, const uint8_t* __restrict
 }
 
 // The 4 groups of one stage (at `s`, generic pointer to shared memory) into acc, as v3 does per group.
-template <int BITS>
+template <int BITS, bool PDL>
 __device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* xr, bool has_x, uint32_t u,
                                          uint32_t g, uint32_t c, float* acc) {
   constexpr uint32_t BASE = V4<BITS>::BASE, HIGH = V4<BITS>::HIGH;
@@ -515,8 +547,8 @@ __device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* 
       xv[q][1] = xs[1];
     } else if (has_x) {
       const uint4* xp = reinterpret_cast<const uint4*>(xr + (4u * u + q) * 64u);
-      xv[q][0] = __ldg(xp);
-      xv[q][1] = __ldg(xp + 1);
+      xv[q][0] = PDL ? ld_dep16(xp) : __ldg(xp);
+      xv[q][1] = PDL ? ld_dep16(xp + 1) : __ldg(xp + 1);
     } else {
       xv[q][0] = xv[q][1] = make_uint4(0u, 0u, 0u, 0u);
     }
@@ -567,33 +599,118 @@ __device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* 
   }
 }
 
-template <int BITS, typename TY>
+// What a v4 launch computes besides the plain product (`ninfer_qgemv4e_*`; the original entries
+// are the plain mode without PDL). Each output element is rounded once, after the epilogue in fp32.
+enum V4Mode : uint32_t {
+  V4_PLAIN = 0,   // y[col * y_stride + row] = acc
+  V4_ADD = 1,     // ... = acc + residual[col * n_rows + row] (bf16)
+  V4_SWIGLU = 2,  // ... = silu(acc of base) * (acc of up), two weights of n_rows rows each
+  V4_MULTI = 3,   // plain, over up to V4_SEGS weights of one format and K (segment table below)
+};
+
+constexpr uint32_t V4_SEGS = 4;
+
+struct V4Epi {
+  const uint8_t* up_base;  // V4_SWIGLU: the up projection's planes (the gate's are base/high/scales)
+  const uint8_t* up_high;
+  const __half* up_scales;
+  const __nv_bfloat16* residual;  // V4_ADD
+  uint32_t y_stride;              // output elements per batch row (> n_rows inside a concatenation)
+  // V4_MULTI: weight s has rows seg_end[s - 1] * 16 .. seg_end[s] * 16 - 1 of the launch's tiles
+  // (seg_end[-1] = 0, unused segments end at the last one's end) and writes y of its own stride
+  uint32_t seg_end[V4_SEGS];
+  uint32_t seg_stride[V4_SEGS];
+  const uint8_t* seg_base[V4_SEGS];
+  const uint8_t* seg_high[V4_SEGS];
+  const __half* seg_scales[V4_SEGS];
+  __nv_bfloat16* seg_y[V4_SEGS];
+};
+
+// a[s] by selects (an indexed parameter array would be copied to local memory)
+template <typename T>
+__device__ __forceinline__ T v4_pick(const T (&a)[V4_SEGS], uint32_t s) {
+  T v = a[0];
+#pragma unroll
+  for (uint32_t i = 1; i < V4_SEGS; ++i) v = s == i ? a[i] : v;
+  return v;
+}
+
+// The segment of launch tile `t` (V4_MULTI).
+__device__ __forceinline__ uint32_t v4_segment(const V4Epi& e, uint32_t t) {
+  uint32_t s = 0;
+#pragma unroll
+  for (uint32_t i = 0; i + 1u < V4_SEGS; ++i) s += t >= e.seg_end[i] ? 1u : 0u;
+  return s;
+}
+
+template <uint32_t MODE>
+__device__ __forceinline__ float v4_finish(float v, float up, const V4Epi& e, uint32_t col, uint32_t row,
+                                           uint32_t n_rows) {
+  if (MODE == V4_ADD) {
+    const unsigned short r = *reinterpret_cast<const volatile unsigned short*>(e.residual + col * n_rows + row);
+    return v + __uint_as_float(static_cast<uint32_t>(r) << 16);
+  }
+  if (MODE == V4_SWIGLU) return v / (1.f + __expf(-v)) * up;
+  return v;
+}
+
+// Block layout: `slots` row tiles x `ks` K-parts, one warp each (warp = kpart * slots + slot). In
+// V4_SWIGLU, tile t of the launch is the gate (t even) or the up (t odd) tile of output tile t / 2,
+// so both halves of an output tile sit in one block and meet in shared memory.
+template <int BITS, typename TY, bool PDL, uint32_t MODE>
 __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ base,
                                         const uint8_t* __restrict__ high, const __half* __restrict__ scales,
                                         TY* __restrict__ y, uint32_t n_rows, uint32_t k, uint32_t b_rows,
-                                        uint32_t ks) {
+                                        uint32_t ks, const V4Epi& e) {
   constexpr uint32_t STAGE = V4<BITS>::STAGE, STAGES = V4<BITS>::STAGES;
+  static_assert(!PDL || V4<BITS>::XS == 0, "PDL: activations may be read only after pdl_wait");
   extern __shared__ __align__(16) uint8_t v4_smem[];
 
   const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
   const uint32_t g = lane >> 2, c = lane & 3u;
   const uint32_t slots = (blockDim.x >> 5) / ks;
   const uint32_t kpart = warp / slots, slot = warp % slots;
-  const uint32_t row0 = (blockIdx.x * slots + slot) * 16u;
+  constexpr bool swiglu = MODE == V4_SWIGLU, multi = MODE == V4_MULTI;
+  const uint32_t tile = blockIdx.x * slots + slot;
+  uint32_t row0 = (swiglu ? tile >> 1 : tile) * 16u;
+  if (swiglu && (tile & 1u)) {
+    base = e.up_base;
+    high = e.up_high;
+    scales = e.up_scales;
+  }
+  uint32_t y_stride = e.y_stride;
+  if (multi) {  // this warp's weight: its planes, rows, output and stride
+    const uint32_t sg = v4_segment(e, tile);
+    const uint32_t t0 = sg == 0 ? 0u : v4_pick(e.seg_end, sg - 1u);
+    row0 = (tile - t0) * 16u;
+    n_rows = tile < e.seg_end[V4_SEGS - 1u] ? (v4_pick(e.seg_end, sg) - t0) * 16u : 0u;
+    base = v4_pick(e.seg_base, sg);
+    high = v4_pick(e.seg_high, sg);
+    scales = v4_pick(e.seg_scales, sg);
+    y = reinterpret_cast<TY*>(v4_pick(e.seg_y, sg));
+    y_stride = v4_pick(e.seg_stride, sg);
+  }
   const uint32_t groups = k >> 6, units = k >> 8;
   const uint32_t ubeg = kpart * units / ks, uend = (kpart + 1u) * units / ks, n_units = uend - ubeg;
   uint8_t* ring = v4_smem + warp * (STAGES * STAGE);
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  if (row0 < n_rows) {
-    const bool has_x = g < b_rows;
-    const __nv_bfloat16* xr = x + g * k + c * 16u;
+  const bool active = row0 < n_rows;
+  if (active) {
 #pragma unroll
     for (uint32_t i = 0; i + 1u < STAGES; ++i) {
       if (i < n_units) v4_issue<BITS>(ring_s + i * STAGE, base, high, scales, x, k, b_rows, row0, groups, ubeg + i, lane);
       cp_async_commit();
     }
+  }
+  if (PDL) {  // the weight copies above do not depend on the previous kernel; nothing else before here does
+    pdl_wait();
+    pdl_trigger();
+  }
+  if (active) {
+    const bool has_x = g < b_rows;
+    const __nv_bfloat16* xr = x + g * k + c * 16u;
     for (uint32_t i = 0; i < n_units; ++i) {
       cp_async_wait<STAGES - 2>();  // this thread's copies of stage i have landed
       __syncwarp();                 // ... and every lane's; also: stage i - 1 is no longer read
@@ -601,17 +718,17 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
       if (next < n_units)
         v4_issue<BITS>(ring_s + (next % STAGES) * STAGE, base, high, scales, x, k, b_rows, row0, groups, ubeg + next, lane);
       cp_async_commit();
-      v4_stage<BITS>(ring + (i % STAGES) * STAGE, xr, has_x, ubeg + i, g, c, acc);
+      v4_stage<BITS, PDL>(ring + (i % STAGES) * STAGE, xr, has_x, ubeg + i, g, c, acc);
     }
     cp_async_wait<0>();
   }
   // D: acc[0..1] = row g, batch cols 2c, 2c + 1; acc[2..3] = row g + 8, same cols
-  if (ks == 1) {
-    if (row0 < n_rows) {
+  if (ks == 1 && !swiglu) {
+    if (active) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const uint32_t row = row0 + g + (i >> 1) * 8u, col = 2u * c + (i & 1);
-        if (col < b_rows) store_v3(y + col * n_rows + row, acc[i]);
+        if (col < b_rows) store_v3(y + col * y_stride + row, v4_finish<MODE>(acc[i], 0.f, e, col, row, n_rows));
       }
     }
     return;
@@ -621,13 +738,27 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
 #pragma unroll
   for (int i = 0; i < 4; ++i) part[warp * 128u + (g + (i >> 1) * 8u) * 8u + 2u * c + (i & 1)] = acc[i];
   __syncthreads();
-  for (uint32_t t = threadIdx.x; t < slots * 128u; t += blockDim.x) {
+  const uint32_t outs = swiglu ? slots >> 1 : slots;  // output tiles of this block
+  for (uint32_t t = threadIdx.x; t < outs * 128u; t += blockDim.x) {
     const uint32_t s = t >> 7, rb = t & 127u, r = rb >> 3, col = rb & 7u;
-    const uint32_t row = (blockIdx.x * slots + s) * 16u + r;
-    if (row >= n_rows || col >= b_rows) continue;
-    float v = 0.f;
-    for (uint32_t p = 0; p < ks; ++p) v += part[(p * slots + s) * 128u + rb];
-    store_v3(y + col * n_rows + row, v);
+    uint32_t row = (blockIdx.x * outs + s) * 16u + r;
+    TY* yo = y;
+    uint32_t rows = n_rows, stride = y_stride;
+    if (multi) {  // the output tile's weight (this thread's warp may hold another one)
+      const uint32_t ot = blockIdx.x * outs + s, sg = v4_segment(e, ot);
+      const uint32_t t0 = sg == 0 ? 0u : v4_pick(e.seg_end, sg - 1u);
+      row = (ot - t0) * 16u + r;
+      rows = ot < e.seg_end[V4_SEGS - 1u] ? (v4_pick(e.seg_end, sg) - t0) * 16u : 0u;
+      yo = reinterpret_cast<TY*>(v4_pick(e.seg_y, sg));
+      stride = v4_pick(e.seg_stride, sg);
+    }
+    if (row >= rows || col >= b_rows) continue;
+    const uint32_t sv = swiglu ? 2u * s : s;  // the slot holding this output's (gate) tile
+    float v = 0.f, up = 0.f;
+    for (uint32_t p = 0; p < ks; ++p) v += part[(p * slots + sv) * 128u + rb];
+    if (swiglu)
+      for (uint32_t p = 0; p < ks; ++p) up += part[(p * slots + sv + 1u) * 128u + rb];
+    store_v3(yo + col * stride + row, v4_finish<MODE>(v, up, e, col, row, n_rows));
   }
 }
 
@@ -638,8 +769,29 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
       ninfer_qgemv4_q##BITS##_y##TAG(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, \
                                      const __half* scales, TY* y, uint32_t n_rows, uint32_t k,        \
                                      uint32_t b_rows, uint32_t ks) {                                  \
-    v4_body<BITS, TY>(x, base, high, scales, y, n_rows, k, b_rows, ks);                               \
+    const V4Epi e{nullptr, nullptr, nullptr, nullptr, n_rows, {}, {}, {}, {}, {}, {}};                \
+    v4_body<BITS, TY, false, V4_PLAIN>(x, base, high, scales, y, n_rows, k, b_rows, ks, e);           \
   }
+
+// The launcher's entries: PDL and an epilogue (SwiGLU blocks have up to 16 warps: gate/up pairs).
+// (sm_120 / sm_121: with launch bounds ptxas targets 64 registers and spills the q4 add entry)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+#define NINFER_V4E_BOUNDS(WARPS) __maxnreg__(128)
+#else
+#define NINFER_V4E_BOUNDS(WARPS) __launch_bounds__(WARPS * 32)
+#endif
+#define NINFER_QGEMV4E(BITS, MODE, TAG, WARPS)                                                       \
+  extern "C" __global__ void NINFER_V4E_BOUNDS(WARPS)                                                 \
+      ninfer_qgemv4e_q##BITS##_##TAG(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, \
+                                     const __half* scales, __nv_bfloat16* y, uint32_t n_rows,         \
+                                     uint32_t k, uint32_t b_rows, uint32_t ks, const V4Epi e) {       \
+    v4_body<BITS, __nv_bfloat16, true, MODE>(x, base, high, scales, y, n_rows, k, b_rows, ks, e);     \
+  }
+#define NINFER_QGEMV4E_MODES(BITS)                          \
+  NINFER_QGEMV4E(BITS, V4_PLAIN, plain, V4_MAX_WARPS)       \
+  NINFER_QGEMV4E(BITS, V4_ADD, add, V4_MAX_WARPS)           \
+  NINFER_QGEMV4E(BITS, V4_SWIGLU, swiglu, 2 * V4_MAX_WARPS)  \
+  NINFER_QGEMV4E(BITS, V4_MULTI, multi, V4_MAX_WARPS)
 
 NINFER_QGEMV4(4, __nv_bfloat16, bf16)
 NINFER_QGEMV4(5, __nv_bfloat16, bf16)
@@ -647,6 +799,10 @@ NINFER_QGEMV4(6, __nv_bfloat16, bf16)
 NINFER_QGEMV4(4, float, f32)  // fp32 output: lets the GPU check see fp32-level error
 NINFER_QGEMV4(5, float, f32)
 NINFER_QGEMV4(6, float, f32)
+NINFER_QGEMV4E_MODES(4)
+NINFER_QGEMV4E_MODES(5)
+NINFER_QGEMV4E_MODES(6)
+
 #endif  // NINFER_GEMV_DENSE_ONLY
 
 // ------------------------------------------------------------------------------------------------
@@ -659,17 +815,28 @@ namespace {
 constexpr int DENSE_THREADS = 256;
 constexpr int DENSE_UNROLL = 4;
 
+// Blocks n_rows .. n_rows + n2 - 1 compute a second weight `w2` into `y2` (two small projections
+// of one input in one launch: the GDN gates a and b).
 template <int B>
-__device__ __forceinline__ void dense_body(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
-                                           __nv_bfloat16* __restrict__ y, uint32_t n_rows, uint32_t k,
-                                           uint32_t b_rows) {
+__device__ __forceinline__ void dense_body(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* w,
+                                           __nv_bfloat16* y, uint32_t n_rows, uint32_t k, uint32_t b_rows,
+                                           const __nv_bfloat16* w2, __nv_bfloat16* y2) {
   __shared__ float red[DENSE_THREADS / 32][B];
-  const uint32_t row = blockIdx.x, tid = threadIdx.x;
+  const uint32_t tid = threadIdx.x;
+  uint32_t row = blockIdx.x;
+  if (row >= n_rows) {
+    row -= n_rows;
+    n_rows = gridDim.x - n_rows;
+    w = w2;
+    y = y2;
+  }
   const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<size_t>(row) * k);
   const uint32_t vecs = k >> 3;
   float acc[B];
 #pragma unroll
   for (int b = 0; b < B; ++b) acc[b] = 0.f;
+  pdl_wait();
+  pdl_trigger();
   for (uint32_t i0 = tid; i0 < vecs; i0 += DENSE_THREADS * DENSE_UNROLL) {
     uint4 wv[DENSE_UNROLL];
 #pragma unroll
@@ -685,7 +852,7 @@ __device__ __forceinline__ void dense_body(const __nv_bfloat16* __restrict__ x, 
 #pragma unroll
       for (int b = 0; b < B; ++b) {
         const uint32_t bb = b < (int)b_rows ? b : 0u;  // padded batch rows read row 0, never stored
-        const uint4 xq = __ldg(reinterpret_cast<const uint4*>(x + bb * k) + i);
+        const uint4 xq = ld_dep16(reinterpret_cast<const uint4*>(x + bb * k) + i);
         const uint32_t xw[4] = {xq.x, xq.y, xq.z, xq.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -716,11 +883,105 @@ __device__ __forceinline__ void dense_body(const __nv_bfloat16* __restrict__ x, 
 #define NINFER_DENSE(B)                                                                              \
   extern "C" __global__ void __launch_bounds__(DENSE_THREADS)                                        \
       ninfer_dense_bf16_b##B(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y,        \
-                             uint32_t n_rows, uint32_t k, uint32_t b_rows) {                          \
-    dense_body<B>(x, w, y, n_rows, k, b_rows);                                                        \
+                             uint32_t n_rows, uint32_t k, uint32_t b_rows, const __nv_bfloat16* w2,   \
+                             __nv_bfloat16* y2) {                                                     \
+    dense_body<B>(x, w, y, n_rows, k, b_rows, w2, y2);                                                \
   }
 
 NINFER_DENSE(1)
 NINFER_DENSE(2)
 NINFER_DENSE(4)
 NINFER_DENSE(8)
+
+// ------------------------------------------------------------------------------------------------
+// RMS norm of decode activations, in the GEMVs' PDL chain (built with the dense kernels, so that
+// bf16 packages carry it without the grouped-int ones): between two projections a TVM kernel
+// would wait for the previous launch to finish and make the next one wait for it; this one lets the
+// next GEMV's weight copies start while it runs. y = bf16(x * rsqrt(mean(x^2) + eps) * (w + offset))
+// in fp32, as ops/norm.py's TE kernel computes it. One block per activation row, K % 8 == 0, K <= 8192.
+// ------------------------------------------------------------------------------------------------
+namespace {
+constexpr int NORM_THREADS = 256;
+
+constexpr uint32_t NORM_VECS = 4;  // 8-element vectors per thread: K <= 8 x 4 x 256 = 8192
+
+// 8 weights (+ offset) as fp32, from a constant parameter (read before `pdl_wait`).
+__device__ __forceinline__ void norm_weight8(const float* w, uint32_t i, float offset, float* out) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(w) + 2u * i), b = __ldg(reinterpret_cast<const float4*>(w) + 2u * i + 1u);
+  out[0] = a.x + offset; out[1] = a.y + offset; out[2] = a.z + offset; out[3] = a.w + offset;
+  out[4] = b.x + offset; out[5] = b.y + offset; out[6] = b.z + offset; out[7] = b.w + offset;
+}
+
+__device__ __forceinline__ void norm_weight8(const __nv_bfloat16* w, uint32_t i, float offset, float* out) {
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(w) + i);
+  const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    out[2 * j] = __uint_as_float(q[j] << 16) + offset;
+    out[2 * j + 1] = __uint_as_float(q[j] & 0xFFFF0000u) + offset;
+  }
+}
+
+// Weights are loaded before the wait, x once into registers after it; one reduction, one store.
+template <typename TW>
+__device__ __forceinline__ void rms_norm_body(const __nv_bfloat16* x, const TW* __restrict__ w, __nv_bfloat16* y,
+                                              uint32_t k, float eps, float offset) {
+  __shared__ float red[NORM_THREADS / 32];
+  const uint32_t tid = threadIdx.x, vecs = k >> 3;
+  float wv[NORM_VECS][8];
+#pragma unroll
+  for (uint32_t j = 0; j < NORM_VECS; ++j)
+    if (tid + j * NORM_THREADS < vecs) norm_weight8(w, tid + j * NORM_THREADS, offset, wv[j]);
+  pdl_wait();
+  pdl_trigger();
+  const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<size_t>(blockIdx.x) * k);
+  uint4 xv[NORM_VECS];
+#pragma unroll
+  for (uint32_t j = 0; j < NORM_VECS; ++j)
+    xv[j] = tid + j * NORM_THREADS < vecs ? ld_dep16(xr + tid + j * NORM_THREADS) : make_uint4(0u, 0u, 0u, 0u);
+  float ss = 0.f;
+#pragma unroll
+  for (uint32_t j = 0; j < NORM_VECS; ++j) {
+    const uint32_t q[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float a = __uint_as_float(q[i] << 16), b = __uint_as_float(q[i] & 0xFFFF0000u);
+      ss = fmaf(a, a, ss);
+      ss = fmaf(b, b, ss);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+  if ((tid & 31u) == 0) red[tid >> 5] = ss;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int i = 0; i < NORM_THREADS / 32; ++i) total += red[i];
+  const float inv = rsqrtf(total / static_cast<float>(k) + eps);
+  uint4* yr = reinterpret_cast<uint4*>(y + static_cast<size_t>(blockIdx.x) * k);
+#pragma unroll
+  for (uint32_t j = 0; j < NORM_VECS; ++j) {
+    if (tid + j * NORM_THREADS >= vecs) continue;
+    const uint32_t q[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(__uint_as_float(q[i] << 16) * inv * wv[j][2 * i],
+                                                     __uint_as_float(q[i] & 0xFFFF0000u) * inv * wv[j][2 * i + 1]);
+      o[i] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    yr[tid + j * NORM_THREADS] = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    ninfer_rms_norm_wf32(const __nv_bfloat16* x, const float* w, __nv_bfloat16* y, uint32_t k, float eps, float offset) {
+  rms_norm_body<float>(x, w, y, k, eps, offset);
+}
+
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    ninfer_rms_norm_wbf16(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, uint32_t k, float eps,
+                          float offset) {
+  rms_norm_body<__nv_bfloat16>(x, w, y, k, eps, offset);
+}

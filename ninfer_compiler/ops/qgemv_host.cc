@@ -15,8 +15,11 @@
 #include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
 
+#include <stdlib.h>
+
 #include <mutex>
 #include <string>
+#include <vector>
 
 // NINFER_QGEMV_FATBIN (unsigned char[]) is prepended by the build (ops/qgemv.py).
 
@@ -28,12 +31,29 @@ typedef void* CUfunction;
 typedef void* CUcontext;
 typedef void* CUstream;
 
+// CUlaunchAttribute / CUlaunchConfig of cuda.h (CUDA 12+), same layout.
+struct LaunchAttr {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    int value;
+  } v;
+};
+struct LaunchConfig {
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
+  CUstream stream;
+  LaunchAttr* attrs;
+  unsigned num_attrs;
+};
+static_assert(sizeof(LaunchAttr) == 72 && sizeof(LaunchConfig) == 56, "cuda.h launch structs");
+constexpr int kAttrProgrammaticStreamSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
 struct Driver {
   CUresult (*ctx_get_current)(CUcontext*);
   CUresult (*module_load_data)(CUmodule*, const void*);
   CUresult (*module_get_function)(CUfunction*, CUmodule, const char*);
-  CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                     CUstream, void**, void**);
+  CUresult (*launch_ex)(const LaunchConfig*, CUfunction, void**, void**);
   CUresult (*func_set_attribute)(CUfunction, int, int);
 };
 
@@ -46,9 +66,9 @@ const Driver& driver() {
     out.module_load_data = reinterpret_cast<decltype(out.module_load_data)>(dlsym(lib, "cuModuleLoadData"));
     out.module_get_function =
         reinterpret_cast<decltype(out.module_get_function)>(dlsym(lib, "cuModuleGetFunction"));
-    out.launch = reinterpret_cast<decltype(out.launch)>(dlsym(lib, "cuLaunchKernel"));
+    out.launch_ex = reinterpret_cast<decltype(out.launch_ex)>(dlsym(lib, "cuLaunchKernelEx"));
     out.func_set_attribute = reinterpret_cast<decltype(out.func_set_attribute)>(dlsym(lib, "cuFuncSetAttribute"));
-    TVM_FFI_ICHECK(out.ctx_get_current && out.module_load_data && out.module_get_function && out.launch &&
+    TVM_FFI_ICHECK(out.ctx_get_current && out.module_load_data && out.module_get_function && out.launch_ex &&
                    out.func_set_attribute)
         << "ninfer_gemv: libcuda.so.1 lacks a driver symbol";
     return out;
@@ -58,7 +78,9 @@ const Driver& driver() {
 
 // Kernel names of this build, indexed by kernel_index / dense_index.
 #ifndef NINFER_GEMV_DENSE_ONLY
-constexpr int kKernels = 32 + 3 + 3;  // v2: 4 formats x 4 batch sizes x 2 dtypes; v3, v4: q4/q5/q6
+// v2: 4 formats x 4 batch sizes x 2 dtypes; v3: q4/q5/q6; v4 (the launcher's entries): q4/q5/q6 x
+// 4 epilogues
+constexpr int kKernels = 32 + 3 + 12;
 
 // v4's ring depth per format; must equal the kernel's (tests/compiler/ops/test_qgemv_v4.py checks).
 #define NINFER_V4_STAGES_Q4 2
@@ -66,6 +88,23 @@ constexpr int kKernels = 32 + 3 + 3;  // v2: 4 formats x 4 batch sizes x 2 dtype
 #define NINFER_V4_STAGES_Q6 2
 #define NINFER_V4_XSTAGE 0
 constexpr uint32_t kV4MaxWarps = 8;
+
+// v4 epilogues (V4Mode in qgemv_cuda.cu) and the kernel's by-value parameter `V4Epi`.
+enum V4Mode : uint32_t { V4_PLAIN = 0, V4_ADD = 1, V4_SWIGLU = 2, V4_MULTI = 3 };
+constexpr uint32_t V4_SEGS = 4;
+struct V4Epi {
+  const void* up_base;
+  const void* up_high;
+  const void* up_scales;
+  const void* residual;
+  uint32_t y_stride;
+  uint32_t seg_end[V4_SEGS];
+  uint32_t seg_stride[V4_SEGS];
+  const void* seg_base[V4_SEGS];
+  const void* seg_high[V4_SEGS];
+  const void* seg_scales[V4_SEGS];
+  void* seg_y[V4_SEGS];
+};
 
 // Dynamic shared memory of a v4 block: warps x stages x (16 rows x 4 groups of base, high, scales,
 // and the staged activation rows).
@@ -82,10 +121,13 @@ int kernel_index(int bits, int batch, bool f32) {
 }
 
 int v3_index(int bits) { return 32 + (bits - 4); }
-int v4_index(int bits) { return 35 + (bits - 4); }
+int v4_index(int bits, uint32_t mode) { return 35 + 4 * (bits - 4) + static_cast<int>(mode); }
 
 std::string kernel_name(int i) {
-  if (i >= 35) return "ninfer_qgemv4_q" + std::to_string(i - 35 + 4) + "_ybf16";
+  if (i >= 35) {
+    const char* modes[4] = {"plain", "add", "swiglu", "multi"};
+    return "ninfer_qgemv4e_q" + std::to_string((i - 35) / 4 + 4) + "_" + modes[(i - 35) % 4];
+  }
   if (i >= 32) return "ninfer_qgemv3_q" + std::to_string(i - 32 + 4) + "_ybf16";
   const int all_bits[4] = {4, 5, 6, 8};
   const int batches[4] = {1, 2, 4, 8};
@@ -93,11 +135,13 @@ std::string kernel_name(int i) {
          (i >= 16 ? "_f32" : "_bf16");
 }
 #else
-constexpr int kKernels = 4;  // batch 1, 2, 4, 8
+constexpr int kKernels = 4 + 2;  // batch 1, 2, 4, 8; the RMS norm with an fp32 / bf16 weight
+constexpr int kNormIndex = 4;
 
 int dense_index(int batch) { return batch == 1 ? 0 : batch == 2 ? 1 : batch <= 4 ? 2 : 3; }
 
 std::string kernel_name(int i) {
+  if (i >= kNormIndex) return i == kNormIndex ? "ninfer_rms_norm_wf32" : "ninfer_rms_norm_wbf16";
   const int batches[4] = {1, 2, 4, 8};
   return "ninfer_dense_bf16_b" + std::to_string(batches[i]);
 }
@@ -135,7 +179,7 @@ CUfunction lookup(int index) {
 #ifndef NINFER_GEMV_DENSE_ONLY
     if (i >= 35) {  // v4 asks for more than the 48 KB of shared memory that need no opt-in
       rc = d.func_set_attribute(fn, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */,
-                                static_cast<int>(v4_smem(i - 35 + 4, kV4MaxWarps)));
+                                static_cast<int>(v4_smem((i - 35) / 4 + 4, kV4MaxWarps)));
       TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: cuFuncSetAttribute failed with " << rc;
     }
 #endif
@@ -148,6 +192,39 @@ CUfunction lookup(int index) {
 // Address of the first element (TVM's memory planner may hand out tensors with a byte offset).
 char* address(const tvm::ffi::TensorView& t) {
   return static_cast<char*>(t.data_ptr()) + t.byte_offset();
+}
+
+// Programmatic Dependent Launch for every launch unless NINFER_PDL=0 (read once; the 27B decode
+// step on the H200: 8.65 -> 8.27 ms, docs/kernels/decode-gemv-v4.md "v4.2"). The kernels wait for
+// the previous kernel before touching anything it may write (qgemv_cuda.cu, `pdl_wait`).
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = getenv("NINFER_PDL");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+
+#ifndef NINFER_GEMV_DENSE_ONLY
+// Whether a multi call merges the v4-capable weights of one format into one launch (the default;
+// NINFER_GEMV_MERGE=0: one launch per weight, for measurements).
+bool merge_enabled() {
+  static const bool on = [] {
+    const char* v = getenv("NINFER_GEMV_MERGE");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+#endif
+
+void launch(CUfunction fn, uint32_t grid, uint32_t threads, uint32_t smem, CUstream stream, void** args) {
+  LaunchAttr attr{};
+  attr.id = kAttrProgrammaticStreamSerialization;
+  attr.v.value = 1;
+  const bool pdl = pdl_enabled();
+  LaunchConfig cfg{grid, 1, 1, threads, 1, 1, smem, stream, pdl ? &attr : nullptr, pdl ? 1u : 0u};
+  const CUresult rc = driver().launch_ex(&cfg, fn, args, nullptr);
+  TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: launch failed with " << rc;
 }
 
 #ifndef NINFER_GEMV_DENSE_ONLY
@@ -180,14 +257,31 @@ uint32_t choose_ks_v4(int bits, uint32_t n_rows, uint32_t k) {
   return ks;
 }
 
-void qgemv(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
-           tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView y) {
-  const int64_t k = x.shape()[x.ndim() - 1];
-  const int64_t rows = x.numel() / k;
-  const int64_t n = y.shape()[y.ndim() - 1];
-  const bool f32 = x.dtype().code == kDLFloat && x.dtype().bits == 32;
-  TVM_FFI_ICHECK(f32 || (x.dtype().code == kDLBfloat && x.dtype().bits == 16)) << "ninfer_gemv: x must be bf16 or fp32";
-  TVM_FFI_ICHECK(k % 128 == 0 && n % 4 == 0 && base.shape()[0] == n) << "ninfer_gemv: unsupported shape";
+// One grouped-int weight's planes (rows x K).
+struct Planes {
+  const char* base;
+  const char* high;
+  const char* scales;
+  int64_t n;
+};
+
+Planes planes(const tvm::ffi::TensorView& base, const tvm::ffi::TensorView& high, const tvm::ffi::TensorView& scales) {
+  return Planes{address(base), address(high), address(scales), base.shape()[0]};
+}
+
+// Whether v4 (cp.async ring) can run this weight: bf16 q4/q5/q6, 16-row tiles, K a multiple of its
+// 256-lane stage, `high` 16-byte aligned.
+bool v4_fits(bool f32, int bits, const Planes& w, int64_t k) {
+  return !f32 && bits >= 4 && bits <= 6 && w.n % 16 == 0 && k % 256 == 0 &&
+         reinterpret_cast<uintptr_t>(w.high) % 16 == 0;
+}
+
+// y[r, y_off + n] (row stride y_stride) for the `rows` activation rows at xp: plain, `residual + ...`
+// (V4_ADD) or `silu(...) * (x up^T)` (V4_SWIGLU; `up` has w's shape). The epilogues run on v4 only.
+void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Planes& w, char* yp, int64_t y_stride,
+         uint32_t mode, const Planes* up, const char* residual, CUstream stream) {
+  const int64_t n = w.n;
+  TVM_FFI_ICHECK(k % 128 == 0 && n % 4 == 0) << "ninfer_gemv: unsupported shape";
   // bf16 q4/q5/q6, as measured on the H200 (docs/kernels/decode-gemv-v4.md, b = 1..8):
   // * v4 from 16 Mi weights up (6144x5120 and larger: 8-27% faster than v2 / v3 at every batch);
   // * below that (2048x5120, 1024x5120): v2 at batch 1 (4.3-5.7 us vs v3 5.9-7.1, v4 6.5-7.2) and
@@ -195,16 +289,22 @@ void qgemv(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorVi
   // * v3 where v4 cannot run (K not a multiple of 256, `high` not 16-byte aligned).
   const bool v3_ok = !f32 && bits != 8 && n % 16 == 0;
   const bool small = n * k <= (int64_t{32} << 20);  // v2 at batch 1 (when v4 is not used)
+  const bool v4_ok = v4_fits(f32, bits, w, k) && (up == nullptr || v4_fits(f32, bits, *up, k));
   const bool v4_size = n * k >= (int64_t{16} << 20);
+  TVM_FFI_ICHECK(mode == V4_PLAIN || v4_ok)
+      << "ninfer_gemv: the fused epilogues need bf16 q4/q5/q6 planes, rows % 16 == 0, K % 256 == 0 and 16-byte aligned high";
+  const bool swiglu = mode == V4_SWIGLU;
   const uint32_t ks2 = choose_ks(static_cast<uint32_t>(n));
   const uint32_t grid2 = static_cast<uint32_t>((n + 4 * (8 / ks2) - 1) / (4 * (8 / ks2)));
-  // v4 (cp.async ring) where K is a multiple of its 256-lane stage
-  const bool v4_ok = v3_ok && k % 256 == 0 && reinterpret_cast<uintptr_t>(address(high)) % 16 == 0;
   uint32_t ks4 = 0, grid4 = 0, warps4 = 0;
   if (v4_ok) {
-    ks4 = choose_ks_v4(static_cast<int>(bits), static_cast<uint32_t>(n), static_cast<uint32_t>(k));
-    warps4 = ks4 > 4 ? ks4 : 4;
-    grid4 = static_cast<uint32_t>((n / 16 + warps4 / ks4 - 1) / (warps4 / ks4));
+    // SwiGLU: the gate and up tiles of an output tile are two slots of one block, so a launch has
+    // twice the tiles; K split at most 4 ways keeps blocks at 8 warps (shared memory per block)
+    const uint32_t tiles = static_cast<uint32_t>(n / 16) * (swiglu ? 2u : 1u);
+    ks4 = choose_ks_v4(bits, tiles * 16u, static_cast<uint32_t>(k));
+    if (swiglu && ks4 > 4) ks4 = 4;
+    warps4 = swiglu ? kV4MaxWarps : (ks4 > 4 ? ks4 : 4);
+    grid4 = (tiles + warps4 / ks4 - 1) / (warps4 / ks4);
   }
   uint32_t ks3 = 0, grid3 = 0, threads3 = 0;
   if (v3_ok) {
@@ -213,66 +313,256 @@ void qgemv(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorVi
     grid3 = static_cast<uint32_t>((n / 16 + slots - 1) / slots);
     threads3 = warps * 32;
   }
-  CUstream stream = TVMFFIEnvGetStream(kDLCUDA, x.device().device_id);
   const size_t esize = f32 ? 4 : 2;
-  const char* xp = address(x);
-  char* yp = address(y);
-  const void* bp = address(base);
-  const void* hp = address(high);
-  const void* sp = address(scales);
+  const void* bp = w.base;
+  const void* hp = w.high;
+  const void* sp = w.scales;
   TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(xp) % 16 == 0 && reinterpret_cast<uintptr_t>(bp) % 16 == 0 &&
                  reinterpret_cast<uintptr_t>(hp) % 8 == 0 && reinterpret_cast<uintptr_t>(sp) % 4 == 0)
       << "ninfer_gemv: x, base, high and scales must be 16/16/8/4-byte aligned";
-  uint32_t n32 = static_cast<uint32_t>(n), k32 = static_cast<uint32_t>(k);
+  uint32_t n32 = static_cast<uint32_t>(n), k32 = static_cast<uint32_t>(k), ys = static_cast<uint32_t>(y_stride);
   for (int64_t r0 = 0; r0 < rows; r0 += 8) {
     uint32_t b = static_cast<uint32_t>(rows - r0 < 8 ? rows - r0 : 8);
     const int batch = b == 1 ? 1 : b == 2 ? 2 : b <= 4 ? 4 : 8;
-    const bool v4 = v4_ok && v4_size;
+    const bool v4 = v4_ok && (v4_size || mode != V4_PLAIN);
     const bool v3 = !v4 && v3_ok && !(b == 1 && small);
-    const int ib = static_cast<int>(bits);
-    CUfunction fn = lookup(v4 ? v4_index(ib) : v3 ? v3_index(ib) : kernel_index(ib, batch, f32));
+    CUfunction fn = lookup(v4 ? v4_index(bits, mode) : v3 ? v3_index(bits) : kernel_index(bits, batch, f32));
     const void* xr = xp + r0 * k * esize;
-    void* yr = yp + r0 * n * esize;
+    void* yr = yp + r0 * y_stride * esize;
     uint32_t ks = v4 ? ks4 : v3 ? ks3 : ks2;
-    void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks};
+    V4Epi e{up ? up->base : nullptr, up ? up->high : nullptr, up ? up->scales : nullptr,
+            residual ? residual + r0 * n * 2 : nullptr, ys, {}, {}, {}, {}, {}, {}};
+    void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks, v4 ? static_cast<void*>(&e) : static_cast<void*>(&ys)};
     const uint32_t grid = v4 ? grid4 : v3 ? grid3 : grid2, threads = v4 ? warps4 * 32 : v3 ? threads3 : 256;
-    const uint32_t smem = v4 ? v4_smem(ib, warps4) : 0;
-    CUresult rc = driver().launch(fn, grid, 1, 1, threads, 1, 1, smem, stream, args, nullptr);
-    TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: launch failed with " << rc;
+    launch(fn, grid, threads, v4 ? v4_smem(bits, warps4) : 0, stream, args);
   }
+}
+
+// One V4_MULTI launch over up to V4_SEGS weights of one format (each v4_fits): weight s writes
+// y_s[r, 0 .. n_s) with row stride stride_s, for the `rows` activation rows at xp (bf16).
+void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* w, char* const* y,
+               const int64_t* stride, uint32_t nseg, CUstream stream) {
+  TVM_FFI_ICHECK(nseg >= 1 && nseg <= V4_SEGS) << "ninfer_gemv: 1.." << V4_SEGS << " weights per multi launch";
+  V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}};
+  uint32_t tiles = 0;
+  for (uint32_t s = 0; s < V4_SEGS; ++s) {
+    const uint32_t i = s < nseg ? s : nseg - 1;
+    if (s < nseg) tiles += static_cast<uint32_t>(w[i].n / 16);
+    e.seg_end[s] = tiles;
+    e.seg_stride[s] = static_cast<uint32_t>(stride[i]);
+    e.seg_base[s] = w[i].base;
+    e.seg_high[s] = w[i].high;
+    e.seg_scales[s] = w[i].scales;
+  }
+  TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(xp) % 16 == 0) << "ninfer_gemv: x must be 16-byte aligned";
+  const uint32_t ks = choose_ks_v4(bits, tiles * 16u, static_cast<uint32_t>(k));
+  const uint32_t warps = ks > 4 ? ks : 4, grid = (tiles + warps / ks - 1) / (warps / ks);
+  const void* bp = w[0].base;
+  const void* hp = w[0].high;
+  const void* sp = w[0].scales;
+  uint32_t n32 = tiles * 16u, k32 = static_cast<uint32_t>(k), ksv = ks;
+  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+    uint32_t b = static_cast<uint32_t>(rows - r0 < 8 ? rows - r0 : 8);
+    for (uint32_t s = 0; s < V4_SEGS; ++s) {
+      const uint32_t i = s < nseg ? s : nseg - 1;
+      e.seg_y[s] = y[i] + r0 * stride[i] * 2;
+    }
+    const void* xr = xp + r0 * k * 2;
+    void* yr = e.seg_y[0];
+    void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ksv, &e};
+    launch(lookup(v4_index(bits, V4_MULTI)), grid, warps * 32, v4_smem(bits, warps), stream, args);
+  }
+}
+
+int64_t k_of(const tvm::ffi::TensorView& x) { return x.shape()[x.ndim() - 1]; }
+
+bool is_f32(const tvm::ffi::TensorView& x) {
+  const bool f32 = x.dtype().code == kDLFloat && x.dtype().bits == 32;
+  TVM_FFI_ICHECK(f32 || (x.dtype().code == kDLBfloat && x.dtype().bits == 16)) << "ninfer_gemv: x must be bf16 or fp32";
+  return f32;
+}
+
+CUstream stream_of(const tvm::ffi::TensorView& x) {
+  TVM_FFI_ICHECK(x.device().device_type == kDLCUDA) << "ninfer_gemv: x must be on a CUDA device";
+  return TVMFFIEnvGetStream(kDLCUDA, x.device().device_id);
+}
+
+// y = x W^T
+void qgemv(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
+           tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView y) {
+  const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
+  const Planes w = planes(base, high, scales);
+  TVM_FFI_ICHECK(w.n == n) << "ninfer_gemv: base has " << w.n << " rows, y " << n;
+  run(address(x), is_f32(x), x.numel() / k, k, static_cast<int>(bits), w, address(y), n, V4_PLAIN, nullptr, nullptr,
+      stream_of(x));
+}
+
+// y = residual + x W^T (bf16; one rounding)
+void qgemv_add(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
+               tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView residual, tvm::ffi::TensorView y) {
+  const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
+  const Planes w = planes(base, high, scales);
+  TVM_FFI_ICHECK(!is_f32(x) && w.n == n && residual.numel() == y.numel() && residual.dtype().code == kDLBfloat &&
+                 residual.dtype().bits == 16)
+      << "ninfer_gemv: add needs bf16 x and a bf16 residual shaped like y";
+  run(address(x), false, x.numel() / k, k, static_cast<int>(bits), w, address(y), n, V4_ADD, nullptr,
+      address(residual), stream_of(x));
+}
+
+// y = silu(x Wg^T) * (x Wu^T) (fp32 epilogue, one rounding)
+void qgemv_swiglu(tvm::ffi::TensorView x, int64_t bits, tvm::ffi::TensorView gb, tvm::ffi::TensorView gh,
+                  tvm::ffi::TensorView gs, tvm::ffi::TensorView ub, tvm::ffi::TensorView uh, tvm::ffi::TensorView us,
+                  tvm::ffi::TensorView y) {
+  const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
+  const Planes g = planes(gb, gh, gs), u = planes(ub, uh, us);
+  TVM_FFI_ICHECK(!is_f32(x) && g.n == n && u.n == n) << "ninfer_gemv: swiglu needs bf16 x and gate/up of y's rows";
+  run(address(x), false, x.numel() / k, k, static_cast<int>(bits), g, address(y), n, V4_SWIGLU, &u, nullptr,
+      stream_of(x));
 }
 
 }  // namespace
 
+// (x, n_out, n_0 .. n_{n_out-1}, then per weight: bits, base, high, scales, then y_0 .. y_{n_out-1}):
+// output o is the concatenation (last axis) of x W^T over its n_o weights; one launch per weight,
+// each writing its slice, chained by PDL (no concatenation kernel).
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_multi(void*, const TVMFFIAny* packed, int32_t num_args,
+                                                             TVMFFIAny* result) {
+  TVM_FFI_SAFE_CALL_BEGIN();
+  using tvm::ffi::TensorView;
+  const tvm::ffi::AnyView* a = reinterpret_cast<const tvm::ffi::AnyView*>(packed);
+  TVM_FFI_ICHECK(num_args >= 2) << "ninfer_qgemv_multi: too few arguments";
+  const TensorView x = a[0].cast<TensorView>();
+  const int64_t nout = a[1].cast<int64_t>();
+  TVM_FFI_ICHECK(nout >= 1 && num_args >= 2 + nout) << "ninfer_qgemv_multi: bad n_out";
+  int64_t nw = 0;
+  for (int64_t o = 0; o < nout; ++o) nw += a[2 + o].cast<int64_t>();
+  const int64_t first = 2 + nout;
+  TVM_FFI_ICHECK(num_args == first + 4 * nw + nout)
+      << "ninfer_qgemv_multi: expected " << first + 4 * nw + nout << " arguments, got " << num_args;
+  const int64_t k = k_of(x), rows = x.numel() / k;
+  const bool f32 = is_f32(x);
+  const CUstream stream = stream_of(x);
+  // every weight with its slice of its output; v4-capable ones of one format share launches
+  struct Item {
+    int bits;
+    Planes w;
+    char* y;
+    int64_t stride;
+  };
+  std::vector<Item> items;
+  int64_t i = first;
+  for (int64_t o = 0; o < nout; ++o) {
+    const TensorView y = a[first + 4 * nw + o].cast<TensorView>();
+    const int64_t total = y.shape()[y.ndim() - 1];
+    TVM_FFI_ICHECK(y.numel() == rows * total && y.dtype() == x.dtype()) << "ninfer_qgemv_multi: bad output " << o;
+    int64_t off = 0;
+    for (int64_t j = 0, n = a[2 + o].cast<int64_t>(); j < n; ++j, i += 4) {
+      const Planes w = planes(a[i + 1].cast<TensorView>(), a[i + 2].cast<TensorView>(), a[i + 3].cast<TensorView>());
+      TVM_FFI_ICHECK(off + w.n <= total) << "ninfer_qgemv_multi: output " << o << " is narrower than its weights";
+      items.push_back({static_cast<int>(a[i].cast<int64_t>()), w, address(y) + off * (f32 ? 4 : 2), total});
+      off += w.n;
+    }
+    TVM_FFI_ICHECK(off == total) << "ninfer_qgemv_multi: output " << o << " has " << total << " columns, its weights " << off;
+  }
+  std::vector<bool> done(items.size(), false);
+  for (size_t p = 0; p < items.size(); ++p) {
+    if (done[p]) continue;
+    if (!merge_enabled() || !v4_fits(f32, items[p].bits, items[p].w, k)) {
+      run(address(x), f32, rows, k, items[p].bits, items[p].w, items[p].y, items[p].stride, V4_PLAIN, nullptr,
+          nullptr, stream);
+      done[p] = true;
+      continue;
+    }
+    Planes w[V4_SEGS];
+    char* ys[V4_SEGS];
+    int64_t strides[V4_SEGS];
+    uint32_t nseg = 0;
+    for (size_t q = p; q < items.size() && nseg < V4_SEGS; ++q) {
+      if (done[q] || items[q].bits != items[p].bits || !v4_fits(f32, items[q].bits, items[q].w, k)) continue;
+      w[nseg] = items[q].w;
+      ys[nseg] = items[q].y;
+      strides[nseg++] = items[q].stride;
+      done[q] = true;
+    }
+    run_multi(address(x), rows, k, items[p].bits, w, ys, strides, nseg, stream);
+  }
+  reinterpret_cast<tvm::ffi::Any*>(result)->operator=(nullptr);
+  TVM_FFI_SAFE_CALL_END();
+}
+
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv, qgemv);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add, qgemv_add);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_swiglu, qgemv_swiglu);
 #else
-// bf16 weights: `y[b, n] = sum_k x[b, k] * w[n, k]`, one block of 256 threads per row.
-void dense_gemv(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) {
+// bf16 weights: `y[b, n] = sum_k x[b, k] * w[n, k]`, one block of 256 threads per row; with `w2`,
+// the rows of a second weight into `y2` in the same launch.
+void dense_run(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView& y,
+               const tvm::ffi::TensorView* w2, const tvm::ffi::TensorView* y2) {
   const int64_t k = x.shape()[x.ndim() - 1];
   const int64_t rows = x.numel() / k;
-  const int64_t n = y.shape()[y.ndim() - 1];
   const auto is_bf16 = [](const tvm::ffi::TensorView& t) { return t.dtype().code == kDLBfloat && t.dtype().bits == 16; };
-  TVM_FFI_ICHECK(is_bf16(x) && is_bf16(w) && is_bf16(y)) << "ninfer_gemv: dense needs bf16 x, w and y";
-  TVM_FFI_ICHECK(k % 8 == 0 && w.shape()[0] == n && w.shape()[1] == k) << "ninfer_gemv: unsupported dense shape";
+  const auto check = [&](const tvm::ffi::TensorView& wt, const tvm::ffi::TensorView& yt) {
+    const int64_t n = yt.shape()[yt.ndim() - 1];
+    TVM_FFI_ICHECK(is_bf16(x) && is_bf16(wt) && is_bf16(yt)) << "ninfer_gemv: dense needs bf16 x, w and y";
+    TVM_FFI_ICHECK(k % 8 == 0 && wt.shape()[0] == n && wt.shape()[1] == k && yt.numel() == rows * n)
+        << "ninfer_gemv: unsupported dense shape";
+    TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(address(wt)) % 16 == 0) << "ninfer_gemv: w must be 16-byte aligned";
+    return n;
+  };
+  const int64_t n = check(w, y), n2 = w2 ? check(*w2, *y2) : 0;
   CUstream stream = TVMFFIEnvGetStream(kDLCUDA, x.device().device_id);
   const char* xp = address(x);
   char* yp = address(y);
+  char* y2p = y2 ? address(*y2) : yp;
   const void* wp = address(w);
-  TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(xp) % 16 == 0 && reinterpret_cast<uintptr_t>(wp) % 16 == 0)
-      << "ninfer_gemv: x and w must be 16-byte aligned";
+  const void* w2p = w2 ? address(*w2) : wp;
+  TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(xp) % 16 == 0) << "ninfer_gemv: x must be 16-byte aligned";
   uint32_t n32 = static_cast<uint32_t>(n), k32 = static_cast<uint32_t>(k);
   for (int64_t r0 = 0; r0 < rows; r0 += 8) {
     uint32_t b = static_cast<uint32_t>(rows - r0 < 8 ? rows - r0 : 8);
     CUfunction fn = lookup(dense_index(static_cast<int>(b)));
     const void* xr = xp + r0 * k * 2;
     void* yr = yp + r0 * n * 2;
-    void* args[] = {&xr, &wp, &yr, &n32, &k32, &b};
-    CUresult rc = driver().launch(fn, n32, 1, 1, 256, 1, 1, 0, stream, args, nullptr);
-    TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: launch failed with " << rc;
+    void* y2r = y2p + r0 * n2 * 2;
+    void* args[] = {&xr, &wp, &yr, &n32, &k32, &b, &w2p, &y2r};
+    launch(fn, static_cast<uint32_t>(n + n2), 256, 0, stream, args);
   }
+}
+
+void dense_gemv(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) {
+  dense_run(x, w, y, nullptr, nullptr);
+}
+
+void dense_gemv_pair(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView w2, tvm::ffi::TensorView y,
+                     tvm::ffi::TensorView y2) {
+  dense_run(x, w, y, &w2, &y2);
+}
+
+// y = x * rsqrt(mean(x^2) + eps) * (w + offset) over the last axis (bf16 x and y, fp32 or bf16 w)
+void rms_norm(tvm::ffi::TensorView x, tvm::ffi::TensorView w, double eps, double offset, tvm::ffi::TensorView y) {
+  const int64_t k = x.shape()[x.ndim() - 1];
+  const bool wf32 = w.dtype().code == kDLFloat && w.dtype().bits == 32;
+  const auto is_bf16 = [](const tvm::ffi::TensorView& t) { return t.dtype().code == kDLBfloat && t.dtype().bits == 16; };
+  TVM_FFI_ICHECK(x.device().device_type == kDLCUDA) << "ninfer_rms_norm: x must be on a CUDA device";
+  TVM_FFI_ICHECK(is_bf16(x) && is_bf16(y) && y.numel() == x.numel() && w.numel() == k && k % 8 == 0 &&
+                 (wf32 || (w.dtype().code == kDLBfloat && w.dtype().bits == 16)))
+      << "ninfer_rms_norm: needs bf16 x and y of one shape, K % 8 == 0 and an fp32 or bf16 weight of K";
+  const void* xp = address(x);
+  const void* wp = address(w);
+  void* yp = address(y);
+  TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(xp) % 16 == 0 && reinterpret_cast<uintptr_t>(yp) % 16 == 0)
+      << "ninfer_rms_norm: x and y must be 16-byte aligned";
+  uint32_t k32 = static_cast<uint32_t>(k);
+  float e = static_cast<float>(eps), off = static_cast<float>(offset);
+  void* args[] = {&xp, &wp, &yp, &k32, &e, &off};
+  const int64_t rows = x.numel() / k;
+  if (rows > 0) launch(lookup(kNormIndex + (wf32 ? 0 : 1)), static_cast<uint32_t>(rows), 256, 0,
+                         TVMFFIEnvGetStream(kDLCUDA, x.device().device_id), args);
 }
 
 }  // namespace
 
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_dense_gemv_pair, dense_gemv_pair);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_rms_norm, rms_norm);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_dense_gemv, dense_gemv);
 #endif

@@ -402,18 +402,18 @@ def cupy_check(out: Path, reps: int, dense: bool) -> int:
             pb = 1 if b == 1 else 2 if b == 2 else 4 if b <= 4 else 8
             tag = "f32" if y.dtype == cp.float32 else "bf16"
             if variant == "dense":
-                function(dmod, f"ninfer_dense_bf16_b{pb}")((n,), (256,), (x, planes[0], y, u32(n), u32(k), u32(b)))
+                function(dmod, f"ninfer_dense_bf16_b{pb}")((n,), (256,), (x, planes[0], y, u32(n), u32(k), u32(b), planes[0], y))
             elif variant == "v2":
                 ks = _ks_v2(n)
                 grid = (n + 4 * (8 // ks) - 1) // (4 * (8 // ks))
                 function(mod, f"ninfer_qgemv_q{fmt[1]}_b{pb}_bf16")(
-                    (grid,), (256,), (x, *planes, y, u32(n), u32(k), u32(b), u32(ks)))
+                    (grid,), (256,), (x, *planes, y, u32(n), u32(k), u32(b), u32(ks), u32(n)))
             elif variant == "v3":
                 ks = ks or _ks_v3(n, k)
                 warps = max(8, ks)
                 grid = -(-(n // 16) // (warps // ks))
                 function(mod, f"ninfer_qgemv3_q{fmt[1]}_y{tag}")(
-                    (grid,), (warps * 32,), (x, *planes, y, u32(n), u32(k), u32(b), u32(ks)))
+                    (grid,), (warps * 32,), (x, *planes, y, u32(n), u32(k), u32(b), u32(ks), u32(n)))
             else:  # v4 or a v4 build with other ring depths
                 bits = int(fmt[1])
                 ks = ks or _ks_v4(n, k, bits)

@@ -353,20 +353,21 @@ def cupy_check(out: Path, reps: int, smoke: bool = False) -> int:
     def shipped(fmt: int, n: int, k: int, planes, x, y, b: int, variant: str = "auto") -> None:
         pb = 1 if b == 1 else 2 if b == 2 else 4 if b <= 4 else 8
         if fmt == BF16:
-            function(dmod, f"ninfer_dense_bf16_b{pb}")((n,), (256,), (x, planes[0], y, u32(n), u32(k), u32(b)), stream=stream)
+            function(dmod, f"ninfer_dense_bf16_b{pb}")((n,), (256,), (x, planes[0], y, u32(n), u32(k), u32(b), planes[0], y),
+                                                   stream=stream)
             return
         if variant == "auto":
             variant = "v4" if n * k >= 16 << 20 else "v2" if b == 1 else "v3"
         if variant == "v2":
             ks = _ks_v2(n)
             grid = (n + 4 * (8 // ks) - 1) // (4 * (8 // ks))
-            function(mod, f"ninfer_qgemv_q{fmt}_b{pb}_bf16")((grid,), (256,), (x, *planes, y, u32(n), u32(k), u32(b), u32(ks)),
-                                                             stream=stream)
+            function(mod, f"ninfer_qgemv_q{fmt}_b{pb}_bf16")((grid,), (256,), (x, *planes, y, u32(n), u32(k), u32(b), u32(ks),
+                                                                                u32(n)), stream=stream)
         elif variant == "v3":
             ks = _ks_v3(n, k)
             warps = max(8, ks)
             function(mod, f"ninfer_qgemv3_q{fmt}_ybf16")((-(-(n // 16) // (warps // ks)),), (warps * 32,),
-                                                          (x, *planes, y, u32(n), u32(k), u32(b), u32(ks)), stream=stream)
+                                                          (x, *planes, y, u32(n), u32(k), u32(b), u32(ks), u32(n)), stream=stream)
         else:
             ks = _ks_v4(n, k)
             grid, warps = _v4_geometry(n, k, ks)

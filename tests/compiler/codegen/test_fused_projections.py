@@ -56,9 +56,19 @@ def _export(artifact: Path, reference: bool = False):  # noqa: ANN202 (an IRModu
     return mod
 
 
-def test_prefill_fuses_swiglu_residual_adds_and_narrow_gdn_inputs(mid_artifact):
+@pytest.fixture(scope="module")
+def tuned(mid_artifact):  # noqa: ANN201 (an IRModule)
     require_tool("nvcc", "the CUDA toolkit builds device code")
-    mod = _export(mid_artifact)
+    return _export(mid_artifact)
+
+
+@pytest.fixture(scope="module")
+def reference(mid_artifact):  # noqa: ANN201 (an IRModule)
+    return _export(mid_artifact, reference=True)
+
+
+def test_prefill_fuses_swiglu_residual_adds_and_narrow_gdn_inputs(tuned, reference):
+    mod = tuned
     calls = _extern_calls(mod["prefill"].script())
     # one SwiGLU GEMM per layer; residual adds: 4 down projections + 3 GDN and 1 attention output
     assert calls.count("ninfer_qgemm_q4_512x256_swiglu") == 4
@@ -68,7 +78,26 @@ def test_prefill_fuses_swiglu_residual_adds_and_narrow_gdn_inputs(mid_artifact):
     assert "silu" not in prefill and "R.add(" not in prefill
     # the chunked GDN kernels get fp16 q, k from the L2 norms and v in bf16 (no fp32 copies)
     assert calls.count("ninfer_gdn_chunked_prep_hk2_hv6_dk128_dv128_fp16_bf16") == 3
-    ref = _export(mid_artifact, reference=True)["prefill"].script()
+    ref = reference["prefill"].script()
+    assert "ninfer_" not in ref and "silu" in ref
+
+
+def test_decode_fuses_projections_norms_and_epilogues(tuned, reference):
+    """Decode runs the v4 launcher's fused forms: each layer's grouped-int projections on one input
+    in one multi call writing their slices (no concatenation), SwiGLU and the residual adds in the
+    GEMV epilogues, the RMS norms in the GEMVs' PDL chain; no elementwise kernel is left for them."""
+    decode = tuned["decode"].script()
+    calls = _extern_calls(decode)
+    # 4 layers: one multi call each (GDN q, k, v | z; attention q | gate | k | v), the bf16 GDN
+    # gates a, b one dense pair launch; SwiGLU per layer; residual adds of the 4 mixers and 4 MLPs
+    assert calls.count("ninfer_qgemv_multi") == 4 and calls.count("ninfer_dense_gemv_pair") == 3
+    assert "ninfer_dense_gemv" not in calls
+    assert calls.count("ninfer_qgemv_swiglu") == 4 and calls.count("ninfer_qgemv_add") == 8
+    assert calls.count("ninfer_rms_norm") == 9  # input and post-attention norms, the final norm
+    assert calls.count("ninfer_qgemv") == 1  # the output head
+    assert "silu" not in decode and "R.add(" not in decode and "R.concat" not in decode
+    assert "rms_norm" not in decode.replace("ninfer_rms_norm", "")
+    ref = reference["decode"].script()
     assert "ninfer_" not in ref and "silu" in ref
 
 

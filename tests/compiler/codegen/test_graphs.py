@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import tvm
 from tvm import relax
 
@@ -46,8 +48,14 @@ def test_decode_graph_captures_the_whole_step():
         return [line.strip() for line in script.splitlines()
                 if any(line.strip().startswith(f"{k}(") for k in kernels)]
 
+    def externs(script: str) -> list[str]:  # extern kernels (the decode norms, the greedy choice)
+        return re.findall(r'R\.call_packed\("(ninfer_\w+)"', script)
+
     outside = launches(graph)
-    inside = launches(relax_fns["decode_graph_cuda_graph_capture"].script())
+    captured = relax_fns["decode_graph_cuda_graph_capture"].script()
+    inside = launches(captured)
     assert len(outside) == 1 and outside[0].startswith("fused_dense_nt"), outside
-    assert len(inside) > 30
+    assert set(externs(graph)) == {"ninfer_greedy_choice"}, externs(graph)
+    assert "ninfer_rms_norm" in externs(captured)
+    assert len(inside) + len(externs(captured)) > 30
     assert len(inside) + 1 == len(launches(relax_fns["decode"].script()))

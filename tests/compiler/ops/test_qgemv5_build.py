@@ -67,7 +67,7 @@ def test_v5_launcher_builds_against_tvm(tmp_path):
         assert re.search(rf"\bT __tvm_ffi_{name}\b", symbols), name
 
 
-def _decode_module(k: int, inner: int):
+def _decode_module(k: int, inner: int, dense_output: bool = True):
     """A parameterised `decode(x, residual)` chaining one fused call of each kind (GDN- and MLP-shaped);
     its results go through elementwise ops, as in a model, so the fused calls' outputs are internal."""
     from tvm.relax.frontend import nn
@@ -88,9 +88,11 @@ def _decode_module(k: int, inner: int):
             self.down = QuantizedLinear(inner, k, "q5_g64_fp16")
 
         def decode(self, x: nn.Tensor, residual: nn.Tensor):
-            qv, z, a = qgemv.gemv_multi(
-                x, [[linear_weight(self.q), linear_weight(self.v)], [linear_weight(self.z)],
-                    [LinearWeight("bfloat16", 16, k, self.a)]])
+            groups = [[linear_weight(self.q), linear_weight(self.v)], [linear_weight(self.z)]]
+            if dense_output:  # v5 also takes dense bf16 weights in a multi call
+                groups.append([LinearWeight("bfloat16", 16, k, self.a)])
+            qv, z, *rest = qgemv.gemv_multi(x, groups)
+            a = rest[0] if rest else z
             h = qgemv.gemv_add(qv, linear_weight(self.out), op.add(z, residual))
             m = qgemv.gemv_swiglu(h, linear_weight(self.gate), linear_weight(self.up))
             y = qgemv.gemv_add(m, linear_weight(self.down), h)
@@ -104,9 +106,16 @@ def _decode_module(k: int, inner: int):
     return Decode()
 
 
-def test_decode_graph_captures_fused_gemvs():
-    """The fused externs are called by decode and sit inside the decode graph's capture region."""
+@pytest.mark.parametrize("family", ["v5", "v4"])
+def test_decode_graph_captures_fused_gemvs(family, monkeypatch):
+    """The fused externs (v5's with the opt-in feature, else the v4 launcher's) are called by decode
+    and sit inside the decode graph's capture region."""
     require_tool("nvcc", "the CUDA toolkit builds device code")
+    if family == "v5":
+        monkeypatch.setenv("NINFER_KERNELS", "+gemv5")
+        names = {"multi": qgemv.V5_MULTI, "add": qgemv.V5_ADD, "swiglu": qgemv.V5_SWIGLU}
+    else:
+        names = {"multi": qgemv.MULTI_SYMBOL, "add": qgemv.ADD_SYMBOL, "swiglu": qgemv.SWIGLU_SYMBOL}
     import tvm
 
     from ninfer_compiler.build import export_module
@@ -117,18 +126,18 @@ def test_decode_graph_captures_fused_gemvs():
     from ninfer_runtime import targets
 
     ttarget = tvm_target(targets.load("h200"))
-    model = _decode_module(256, 128)
+    model = _decode_module(256, 128 if family == "v5" else 256, dense_output=family == "v5")  # v4: K % 256
     with ttarget:
         mod, _ = export_module(model, {"decode": {"b": 8}})
-    assert {qgemv.V5_MULTI, qgemv.V5_SWIGLU, qgemv.V5_ADD} <= set(re.findall(r"ninfer_qgemv5_\w+", mod["decode"].script()))
+    assert set(names.values()) <= set(re.findall(r"ninfer_qgemv\w+", mod["decode"].script()))
     mod = add_graph_variants(mod)
     with cuda_build(ttarget), tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
         mod = relax_pipeline(ttarget)(mod)
     captured = "".join(mod[gv].script() for gv in mod.get_global_vars() if "decode_graph_cuda_graph_capture" in gv.name_hint)
-    calls = re.findall(r'R\.call_packed\("(ninfer_qgemv5_\w+)"', captured)
-    assert sorted(calls) == sorted([qgemv.V5_MULTI, qgemv.V5_ADD, qgemv.V5_SWIGLU, qgemv.V5_ADD])
-    assert 'R.call_packed("ninfer_qgemv5' not in mod["decode_graph"].script()  # only graph launches outside
-    assert 'R.call_packed("ninfer_qgemv5' in mod["decode"].script()  # the eager variant calls them directly
+    calls = re.findall(r'R\.call_packed\("(ninfer_qgemv\w*)"', captured)
+    assert sorted(calls) == sorted([names["multi"], names["add"], names["swiglu"], names["add"]])
+    assert 'R.call_packed("ninfer_qgemv' not in mod["decode_graph"].script()  # only graph launches outside
+    assert 'R.call_packed("ninfer_qgemv' in mod["decode"].script()  # the eager variant calls them directly
 
 
 def test_fused_supported_rules(monkeypatch):

@@ -176,5 +176,35 @@ def test_v4_compiles_without_spills(arch, tmp_path):
     kernels = dict(re.findall(r"Function properties for (\w+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores",
                               proc.stderr))
     v4 = {f"ninfer_qgemv4_q{b}_y{t}" for b in (4, 5, 6) for t in ("bf16", "f32")}
+    v4 |= {f"ninfer_qgemv4e_q{b}_{m}" for b in (4, 5, 6) for m in ("plain", "add", "swiglu", "multi")}
+    v4 |= {"ninfer_rms_norm_wf32", "ninfer_rms_norm_wbf16"}
     assert v4 <= set(kernels)
     assert {name: s for name, s in kernels.items() if name in v4 and int(s)} == {}
+
+
+def test_launcher_kernel_names_exist():
+    """Every kernel the launcher looks up by name (`kernel_name` in qgemv_host.cc) is defined by
+    qgemv_cuda.cu's entry macros, and the launcher's V4Epi mirrors the kernel's field by field."""
+    cu = qgemv.DEVICE_SOURCE.read_text()
+    cc = qgemv.HOST_SOURCE.read_text()
+    assert re.search(r"constexpr int kKernels = 32 \+ 3 \+ 12;", cc) and re.search(r"constexpr int kKernels = 4 \+ 2;", cc)
+    names = [f"ninfer_qgemv_q{b}_b{n}_{t}" for t in ("bf16", "f32") for b in (4, 5, 6, 8) for n in (1, 2, 4, 8)]
+    names += [f"ninfer_qgemv3_q{b}_ybf16" for b in (4, 5, 6)]
+    names += [f"ninfer_qgemv4e_q{b}_{m}" for b in (4, 5, 6) for m in ("plain", "add", "swiglu", "multi")]
+    assert "ninfer_rms_norm_wf32" in cu and "ninfer_rms_norm_wbf16" in cu
+    for name in names:
+        stem, _, tail = name.rpartition("_")
+        if name.startswith("ninfer_qgemv4e_"):
+            assert re.search(r"NINFER_QGEMV4E\(BITS, V4_\w+, " + tail, cu), name
+        elif name.startswith("ninfer_qgemv3_"):
+            assert "ninfer_qgemv3_q##BITS##_y##TAG" in cu
+        else:
+            assert "ninfer_qgemv_q##BITS##_b##B##_##TAG" in cu
+    fields = lambda src: re.findall(r"^\s+(?:const )?\w+\*? (\w+);", re.search(r"struct V4Epi \{(.*?)\};", src, re.S).group(1), re.M)  # noqa: E731
+    assert fields(cu) == fields(cc) == ["up_base", "up_high", "up_scales", "residual", "y_stride"]
+    arrays = lambda src: re.findall(r"^\s+(?:const )?\w+\*? (\w+)\[V4_SEGS\];", re.search(r"struct V4Epi \{(.*?)\};", src, re.S).group(1), re.M)  # noqa: E731
+    assert arrays(cu) == arrays(cc) == ["seg_end", "seg_stride", "seg_base", "seg_high", "seg_scales", "seg_y"]
+    # the modes' numbering is the launcher's index arithmetic (35 + 4 * (bits - 4) + mode)
+    for mode, value in (("V4_PLAIN", 0), ("V4_ADD", 1), ("V4_SWIGLU", 2), ("V4_MULTI", 3)):
+        assert re.search(rf"{mode} = {value}\b", cu) and re.search(rf"{mode} = {value}\b", cc)
+
