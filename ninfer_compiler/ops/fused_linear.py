@@ -70,10 +70,10 @@ def multi_linear(x: nn.Tensor, groups: Sequence[Sequence[nn.Module]]) -> list[nn
                 outs[i] = y
     # small bf16 projections left over (the GDN gates a, b) pairwise in one dense launch
     single = [i for i, g in enumerate(groups) if outs[i] is None and len(g) == 1]
-    pairs = [linear_weight(groups[i][0]) for i in single]
+    single_weights = [linear_weight(groups[i][0]) for i in single]
     if _decode_shaped(x) and tuned_cuda_kernels():
         for j in range(0, len(single) - 1, 2):
-            ws = pairs[j:j + 2]
+            ws = single_weights[j:j + 2]
             if None not in ws and qgemv.dense_pair_supported(x, ws):
                 outs[single[j]], outs[single[j + 1]] = qgemv.dense_gemv_pair(x, ws[0].base, ws[1].base)
     for i, group in enumerate(groups):

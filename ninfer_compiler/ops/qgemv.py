@@ -47,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 DEVICE_SOURCE = HERE / "qgemv_cuda.cu"
 HOST_SOURCE = HERE / "qgemv_host.cc"
 CODES_HEADER = HERE / "qgemv_codes.h"  # code pairs shared by the v3/v4 and v5 kernels
+LAUNCH_HEADER = HERE / "cuda_launch.h"  # cuLaunchKernelEx's structs, for both launchers
 SYMBOL = "ninfer_qgemv"
 ADD_SYMBOL, SWIGLU_SYMBOL, MULTI_SYMBOL = "ninfer_qgemv_add", "ninfer_qgemv_swiglu", "ninfer_qgemv_multi"
 NORM_SYMBOL = "ninfer_rms_norm"
@@ -95,6 +96,7 @@ def host_source(arch: str, dense: bool = False) -> str:
     data = fatbin(arch, dense)
     body = ",".join(str(b) for b in data)
     return (("#define NINFER_GEMV_DENSE_ONLY 1\n" if dense else "")
+            + LAUNCH_HEADER.read_text() + "\n"
             + f"alignas(64) static const unsigned char NINFER_QGEMV_FATBIN[{len(data)}] = {{{body}}};\n"
             + HOST_SOURCE.read_text())
 
@@ -183,14 +185,20 @@ def dense_pair_supported(x: nn.Tensor, weights: Sequence[LinearWeight]) -> bool:
             and all(w.fmt == "bfloat16" and dense_supported(x, w.base) for w in weights))
 
 
+def _call_outputs(symbol: str, args: list, outs: Sequence[nn.Tensor]) -> tuple[nn.Tensor, ...]:
+    """A call of a registered extern with several outputs (nn's extern call takes one output only);
+    int arguments become int64 prim values."""
+    exprs = [a._expr if isinstance(a, nn.Tensor) else relax.prim_value(tirx.IntImm("int64", a)) for a in args]  # noqa: SLF001
+    call = relax.op.call_dps_packed(symbol, relax.Tuple(exprs), [o._expr.ty for o in outs])  # noqa: SLF001
+    out = wrap_nested(call, symbol)
+    return tuple(out) if isinstance(out, tuple | list) else (out,)
+
+
 def dense_gemv_pair(x: nn.Tensor, weight: nn.Tensor, weight2: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
     """`dense_gemv` of two weights on one input in one launch (the GDN gates a and b)."""
-    _extern(tvm.target.Target.current(), dense=True)  # registers the launcher; called directly (two outputs)
-    outs = _infer_dense_pair(x, weight, weight2)
-    call = relax.op.call_dps_packed(DENSE_PAIR_SYMBOL, relax.Tuple([x._expr, weight._expr, weight2._expr]),  # noqa: SLF001
-                                    [o._expr.ty for o in outs])  # noqa: SLF001
-    out = wrap_nested(call, DENSE_PAIR_SYMBOL)
-    return tuple(out)
+    _extern(tvm.target.Target.current(), dense=True)  # registers the launcher
+    a, b = _call_outputs(DENSE_PAIR_SYMBOL, [x, weight, weight2], _infer_dense_pair(x, weight, weight2))
+    return a, b
 
 
 # ---- v5: fused decode GEMVs -------------------------------------------------------------------
@@ -226,7 +234,7 @@ def host_source_v5(arch: str) -> str:
     """The v5 launcher's C++: the plan header and the fatbin inlined before `qgemv5_host.cc`."""
     data = fatbin_v5(arch)
     body = ",".join(str(b) for b in data)
-    return ("#define NINFER_V5_PLAN_INLINED 1\n" + V5_PLAN_HEADER.read_text() + "\n"
+    return ("#define NINFER_V5_PLAN_INLINED 1\n" + LAUNCH_HEADER.read_text() + "\n" + V5_PLAN_HEADER.read_text() + "\n"
             + f"alignas(64) static const unsigned char NINFER_QGEMV5_FATBIN[{len(data)}] = {{{body}}};\n"
             + V5_HOST_SOURCE.read_text())
 
@@ -336,12 +344,8 @@ def _v4_multi(x: nn.Tensor, outputs: list[list[LinearWeight]]) -> tuple[nn.Tenso
     for ws in outputs:
         for w in ws:
             args += [w.bits, *_v4_planes(w)]
-    _extern(tvm.target.Target.current())  # registers the launcher; called directly (several outputs)
-    outs = _infer_qgemv_multi(*args)
-    exprs = [a._expr if isinstance(a, nn.Tensor) else relax.prim_value(tirx.IntImm("int64", a)) for a in args]  # noqa: SLF001
-    call = relax.op.call_dps_packed(MULTI_SYMBOL, relax.Tuple(exprs), [o._expr.ty for o in outs])  # noqa: SLF001
-    out = wrap_nested(call, MULTI_SYMBOL)
-    return tuple(out) if isinstance(out, tuple | list) else (out,)
+    _extern(tvm.target.Target.current())  # registers the launcher
+    return _call_outputs(MULTI_SYMBOL, args, _infer_qgemv_multi(*args))
 
 
 def fused_accepts(x: nn.Tensor, weights: Sequence[LinearWeight], *, op: str = "multi") -> bool:
@@ -381,12 +385,8 @@ def gemv_multi(x: nn.Tensor, outputs: Sequence[Sequence[LinearWeight]]) -> tuple
     args: list = [x, len(outputs), *(len(ws) for ws in outputs)]
     for w in weights:
         args += _v5_args(w)
-    _v5_extern()  # registers the launcher; called below directly: nn's extern call takes one output only
-    outs = _infer_v5_multi(*args)
-    exprs = [a._expr if isinstance(a, nn.Tensor) else relax.prim_value(tirx.IntImm("int64", a)) for a in args]  # noqa: SLF001
-    call = relax.op.call_dps_packed(V5_MULTI, relax.Tuple(exprs), [o._expr.ty for o in outs])  # noqa: SLF001
-    out = wrap_nested(call, V5_MULTI)
-    return tuple(out) if isinstance(out, tuple | list) else (out,)
+    _v5_extern()  # registers the launcher
+    return _call_outputs(V5_MULTI, args, _infer_v5_multi(*args))
 
 
 def gemv_swiglu(x: nn.Tensor, gate: LinearWeight, up: LinearWeight) -> nn.Tensor:

@@ -25,6 +25,7 @@
 #include <string>
 
 #ifndef NINFER_V5_PLAN_INLINED
+#include "cuda_launch.h"
 #include "qgemv5_plan.h"
 #endif
 
@@ -38,24 +39,8 @@ typedef void* CUstream;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 
-// CUlaunchAttribute / CUlaunchConfig of cuda.h (CUDA 12+), same layout.
-struct LaunchAttr {
-  int id;
-  char pad[4];
-  union {
-    char bytes[64];
-    int value;
-  } v;
-};
-struct LaunchConfig {
-  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
-  CUstream stream;
-  LaunchAttr* attrs;
-  unsigned num_attrs;
-};
-static_assert(sizeof(LaunchAttr) == 72 && sizeof(LaunchConfig) == 56, "cuda.h launch structs");
-
-constexpr int kAttrProgrammaticStreamSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+using ninfer_launch::LaunchAttr;
+using ninfer_launch::LaunchConfig;
 constexpr int kFuncMaxDynamicShared = 8;                 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr int kDevAttrSmCount = 16;                      // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 constexpr int kDevAttrSmemPerSm = 81;                    // ..._MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
@@ -317,9 +302,7 @@ inline std::string run(Request r, const void* image, CUstream stream) {
       if (pl.p.y[o] != nullptr) pl.p.y[o] = static_cast<char*>(r.y[o]) + size_t(r0) * pl.p.y_rows[o] * es;
     pl.p.ws = reinterpret_cast<float*>(c->ws);
     pl.p.cnt = reinterpret_cast<uint32_t*>(c->cnt);
-    LaunchAttr attr{};
-    attr.id = kAttrProgrammaticStreamSerialization;
-    attr.v.value = 1;
+    LaunchAttr attr = ninfer_launch::programmatic_serialization();
     LaunchConfig cfg{pl.grid, 1, 1, kThreads, 1, 1, pl.smem, stream, pdl ? &attr : nullptr, pdl ? 1u : 0u};
     void* args[] = {&pl.p};
     const CUresult rc = driver()->launch_ex(&cfg, c->fn[r.y_f32 ? 1 : 0], args, nullptr);

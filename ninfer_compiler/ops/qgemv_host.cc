@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-// NINFER_QGEMV_FATBIN (unsigned char[]) is prepended by the build (ops/qgemv.py).
+// NINFER_QGEMV_FATBIN (unsigned char[]) and cuda_launch.h are prepended by the build (ops/qgemv.py).
 
 namespace {
 
@@ -31,23 +31,8 @@ typedef void* CUfunction;
 typedef void* CUcontext;
 typedef void* CUstream;
 
-// CUlaunchAttribute / CUlaunchConfig of cuda.h (CUDA 12+), same layout.
-struct LaunchAttr {
-  int id;
-  char pad[4];
-  union {
-    char bytes[64];
-    int value;
-  } v;
-};
-struct LaunchConfig {
-  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
-  CUstream stream;
-  LaunchAttr* attrs;
-  unsigned num_attrs;
-};
-static_assert(sizeof(LaunchAttr) == 72 && sizeof(LaunchConfig) == 56, "cuda.h launch structs");
-constexpr int kAttrProgrammaticStreamSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+using ninfer_launch::LaunchAttr;
+using ninfer_launch::LaunchConfig;
 
 struct Driver {
   CUresult (*ctx_get_current)(CUcontext*);
@@ -218,9 +203,7 @@ bool merge_enabled() {
 #endif
 
 void launch(CUfunction fn, uint32_t grid, uint32_t threads, uint32_t smem, CUstream stream, void** args) {
-  LaunchAttr attr{};
-  attr.id = kAttrProgrammaticStreamSerialization;
-  attr.v.value = 1;
+  LaunchAttr attr = ninfer_launch::programmatic_serialization();
   const bool pdl = pdl_enabled();
   LaunchConfig cfg{grid, 1, 1, threads, 1, 1, smem, stream, pdl ? &attr : nullptr, pdl ? 1u : 0u};
   const CUresult rc = driver().launch_ex(&cfg, fn, args, nullptr);
@@ -281,6 +264,7 @@ bool v4_fits(bool f32, int bits, const Planes& w, int64_t k) {
 void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Planes& w, char* yp, int64_t y_stride,
          uint32_t mode, const Planes* up, const char* residual, CUstream stream) {
   const int64_t n = w.n;
+  TVM_FFI_ICHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8) << "ninfer_gemv: no kernel for " << bits << "-bit codes";
   TVM_FFI_ICHECK(k % 128 == 0 && n % 4 == 0) << "ninfer_gemv: unsupported shape";
   // bf16 q4/q5/q6, as measured on the H200 (docs/kernels/decode-gemv-v4.md, b = 1..8):
   // * v4 from 16 Mi weights up (6144x5120 and larger: 8-27% faster than v2 / v3 at every batch);

@@ -1,0 +1,39 @@
+// cuLaunchKernelEx's CUlaunchAttribute / CUlaunchConfig (cuda.h, CUDA 12+) in the same layout, for
+// launchers that look the driver up with dlopen and include no CUDA header (qgemv_host.cc,
+// qgemv5_host.cc). The builds inline this file before the launcher (ops/qgemv.py); a standalone
+// compile of a launcher includes it.
+#ifndef NINFER_CUDA_LAUNCH_H
+#define NINFER_CUDA_LAUNCH_H
+
+namespace ninfer_launch {
+
+struct LaunchAttr {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    int value;
+  } v;
+};
+
+struct LaunchConfig {
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
+  void* stream;  // CUstream
+  LaunchAttr* attrs;
+  unsigned num_attrs;
+};
+static_assert(sizeof(LaunchAttr) == 72 && sizeof(LaunchConfig) == 56, "cuda.h launch structs");
+
+constexpr int kAttrProgrammaticStreamSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+// The attribute that lets a launch start before the previous kernel of its stream has finished.
+inline LaunchAttr programmatic_serialization() {
+  LaunchAttr attr{};
+  attr.id = kAttrProgrammaticStreamSerialization;
+  attr.v.value = 1;
+  return attr;
+}
+
+}  // namespace ninfer_launch
+
+#endif  // NINFER_CUDA_LAUNCH_H
