@@ -441,8 +441,9 @@ NINFER_QGEMV3(6, float, f32)
 // L1 as in v3. K is split in stage units (needs K % 256 == 0) over `ks` warps of a block (summed
 // through the ring's memory at the end); blocks have max(4, ks) warps, dynamic shared memory
 // warps x STAGES x stage bytes (up to 51 KB at depth 2: opted in with cuFuncSetAttribute by the
-// launcher). NINFER_V4_XSTAGE > 0 also copies that many activation rows into each stage (measured
-// variant, not the default); NINFER_V4_DIAG builds are for measurements only (wrong results).
+// launcher). The loop computes no addresses (`V4Lane`: per-lane sources advanced by constants,
+// fixed slot offsets, running slot indices), so it is the math plus 6-7 copies per stage.
+// NINFER_V4_DIAG builds are for measurements only (wrong results).
 // ------------------------------------------------------------------------------------------------
 #ifndef NINFER_V4_STAGES_Q4
 #define NINFER_V4_STAGES_Q4 2
@@ -453,32 +454,29 @@ NINFER_QGEMV3(6, float, f32)
 #ifndef NINFER_V4_STAGES_Q6
 #define NINFER_V4_STAGES_Q6 2
 #endif
-#ifndef NINFER_V4_XSTAGE  // batch rows of activations copied into each stage (others: read through L1)
-#define NINFER_V4_XSTAGE 0
-#endif
 #ifndef NINFER_V4_DIAG  // measurement builds only: 1 = loads without the math, 2 = math without activation loads
 #define NINFER_V4_DIAG 0
 #endif
-#ifdef NINFER_V4_MIN_BLOCKS  // 8-warp blocks per SM that ptxas must fit (4: at most 64 registers)
-#define NINFER_V4_BOUNDS __launch_bounds__(V4_MAX_WARPS * 32, NINFER_V4_MIN_BLOCKS)
-#else
-#define NINFER_V4_BOUNDS __launch_bounds__(V4_MAX_WARPS * 32)
+// Registers per thread of every v4 entry: 80 keeps 3 blocks of 8 warps per SM (the q5 ring's shared
+// memory allows no more). Left to launch bounds, ptxas took 104-118 for the address-free loop (2
+// blocks per SM) or, for some entries, 64 with spills; under the cap it keeps a few loop-invariant
+// values in local memory, stored before the loop and reloaded (L1 hits) at most twice per stage by
+// the q4 entries (tests/compiler/ops/test_qgemv_v4.py). Measured caps: docs/kernels/decode-gemv-v4.md.
+#ifndef NINFER_V4_MAXREG
+#define NINFER_V4_MAXREG 80
 #endif
+#define NINFER_V4_BOUNDS __maxnreg__(NINFER_V4_MAXREG)
 #ifndef NINFER_V4_CP_HINT  // e.g. ".L2::256B" (an L2 prefetch size for the 16-byte copies)
 #define NINFER_V4_CP_HINT ""
 #endif
 namespace {
-
-constexpr int V4_MAX_WARPS = 8;
 
 template <int BITS>
 struct V4 {
   static constexpr uint32_t HB = BITS == 5 ? 8u : (BITS == 6 ? 16u : 0u);  // high bytes per group
   static constexpr uint32_t BASE = 16u * 128u;                             // 16 rows x 4 groups x 32 B
   static constexpr uint32_t HIGH = 16u * 4u * HB;
-  static constexpr uint32_t XOFF = BASE + HIGH + 16u * 8u;                 // + 16 rows x 4 fp16 scales
-  static constexpr uint32_t XS = NINFER_V4_XSTAGE;
-  static constexpr uint32_t STAGE = XOFF + XS * 512u;                      // + XS rows x 256 bf16
+  static constexpr uint32_t STAGE = BASE + HIGH + 16u * 8u;                // + 16 rows x 4 fp16 scales
   static constexpr uint32_t STAGES = BITS == 4 ? NINFER_V4_STAGES_Q4 : (BITS == 5 ? NINFER_V4_STAGES_Q5 : NINFER_V4_STAGES_Q6);
 };
 
@@ -497,60 +495,84 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Copies stage `u` (groups 4u..4u+3) of rows row0..row0+15 into the ring slot at shared address
-// `dst`. Piece p (16 B) of base row r lands at piece p ^ 2(r % 4); high pieces are swizzled the same
-// way for their row length (see v4_stage), scales are not.
+// A lane's share of every stage copy (`v4_copy`): its source pointers at the warp's current unit
+// and its destinations inside a ring slot. Piece p (16 B) of base row r of a stage lands at piece
+// p ^ 2(r % 4) of the slot's row r; high pieces are swizzled the same way for their row length (see
+// v4_stage), scales are not. Lane l copies base pieces (row 4j + l / 8, piece l % 8) for j = 0..3,
+// q5 high (row l / 2, piece l % 2), q6 high (row 8j + l / 4, piece l % 4) for j = 0, 1, and the 4
+// scale bytes of row l / 2 at l % 2. Every swizzle depends on the lane only (r % 4 = l / 8 for the
+// base, r / 4 % 2 = l / 8 % 2 for q5, r / 2 % 4 = l / 8 for q6), so a slot's destinations are fixed
+// offsets and a unit advances every source by a constant: the loop computes no addresses.
+struct V4Lane {
+  const uint8_t* base;    // base piece j at + j * rows4
+  const uint8_t* high;    // high piece (q6: piece j at + j * hrows8)
+  const uint8_t* scales;  // 4 bytes
+  uint32_t rows4, hrows8;
+  uint32_t dbase, dhigh, dscale;  // slot offsets (base piece j at dbase + 512 j; q6 high j at dhigh + 512 j)
+};
+
 template <int BITS>
-__device__ __forceinline__ void v4_issue(uint32_t dst, const uint8_t* __restrict__ base,
-                                         const uint8_t* __restrict__ high, const __half* __restrict__ scales,
-                                         const __nv_bfloat16* __restrict__ x, uint32_t k, uint32_t b_rows,
-                                         uint32_t row0, uint32_t groups, uint32_t u, uint32_t lane) {
-  const uint32_t gi0 = 4u * u;
-#pragma unroll
-  for (uint32_t j = 0; j < V4<BITS>::XS; ++j)
-    if (j < b_rows) cp_async16(dst + V4<BITS>::XOFF + j * 512u + lane * 16u, x + j * k + gi0 * 64u + lane * 8u);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t i = j * 32u + lane, r = i >> 3, p = i & 7u;
-    cp_async16(dst + r * 128u + ((p ^ ((r & 3u) << 1)) << 4), base + (row0 + r) * (groups * 32u) + gi0 * 32u + p * 16u);
-  }
+__device__ __forceinline__ V4Lane v4_lane(const uint8_t* __restrict__ base, const uint8_t* __restrict__ high,
+                                          const __half* __restrict__ scales, uint32_t row0, uint32_t groups,
+                                          uint32_t u, uint32_t lane) {
+  constexpr uint32_t HB = V4<BITS>::HB;
+  const uint32_t rb = lane >> 3, pb = lane & 7u;
+  V4Lane l;
+  l.base = base + (row0 + rb) * (groups * 32u) + u * 128u + pb * 16u;
+  l.rows4 = 4u * groups * 32u;
+  l.dbase = rb * 128u + ((pb ^ (rb << 1)) << 4);
+  l.high = nullptr;
+  l.hrows8 = 0u;
+  l.dhigh = V4<BITS>::BASE;
   if (BITS == 5) {
     const uint32_t r = lane >> 1, p = lane & 1u;
-    cp_async16(dst + V4<5>::BASE + r * 32u + ((p ^ ((r >> 2) & 1u)) << 4),
-               high + (row0 + r) * (groups * 8u) + gi0 * 8u + p * 16u);
+    l.high = high + (row0 + r) * (groups * HB) + u * 32u + p * 16u;
+    l.dhigh = V4<5>::BASE + r * 32u + ((p ^ ((r >> 2) & 1u)) << 4);
   }
   if (BITS == 6) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const uint32_t i = j * 32u + lane, r = i >> 2, p = i & 3u;
-      cp_async16(dst + V4<6>::BASE + r * 64u + ((p ^ ((r >> 1) & 3u)) << 4),
-                 high + (row0 + r) * (groups * 16u) + gi0 * 16u + p * 16u);
-    }
+    const uint32_t r = lane >> 2, p = lane & 3u;
+    l.high = high + (row0 + r) * (groups * HB) + u * 64u + p * 16u;
+    l.hrows8 = 8u * groups * HB;
+    l.dhigh = V4<6>::BASE + r * 64u + ((p ^ (lane >> 3)) << 4);
   }
-  const uint32_t r = lane >> 1, p = lane & 1u;
-  cp_async4(dst + V4<BITS>::BASE + V4<BITS>::HIGH + r * 8u + p * 4u, scales + (row0 + r) * groups + gi0 + 2u * p);
+  l.scales = reinterpret_cast<const uint8_t*>(scales + (row0 + (lane >> 1)) * groups + 2u * (lane & 1u)) + u * 8u;
+  l.dscale = V4<BITS>::BASE + V4<BITS>::HIGH + lane * 4u;
+  return l;
+}
+
+// Copies the lane's pieces of its current unit into the slot at shared address `slot`, then moves
+// its sources to the next unit (4 groups: 128 B of each base row, 4 x HB of high, 8 B of scales).
+template <int BITS>
+__device__ __forceinline__ void v4_copy(uint32_t slot, V4Lane& l) {
+#pragma unroll
+  for (uint32_t j = 0; j < 4; ++j) cp_async16(slot + l.dbase + j * 512u, l.base + j * l.rows4);
+  if (BITS == 5) cp_async16(slot + l.dhigh, l.high);
+  if (BITS == 6) {
+    cp_async16(slot + l.dhigh, l.high);
+    cp_async16(slot + l.dhigh + 512u, l.high + l.hrows8);
+  }
+  cp_async4(slot + l.dscale, l.scales);
+  l.base += 128u;
+  l.high += 4u * V4<BITS>::HB;
+  l.scales += 8u;
 }
 
 // The 4 groups of one stage (at `s`, generic pointer to shared memory) into acc, as v3 does per group.
+// `xs`: this thread's activations of the stage (batch row g, or row 0 for the padding columns g >=
+// b_rows: their products land in output columns that are never stored).
 template <int BITS, bool PDL>
-__device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* xr, bool has_x, uint32_t u,
-                                         uint32_t g, uint32_t c, float* acc) {
+__device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* xs, uint32_t g, uint32_t c,
+                                         float* acc) {
   constexpr uint32_t BASE = V4<BITS>::BASE, HIGH = V4<BITS>::HIGH;
   uint4 xv[4][2];
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     if (NINFER_V4_DIAG == 2) {
       xv[q][0] = xv[q][1] = make_uint4(0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u);
-    } else if (has_x && g < V4<BITS>::XS) {  // this batch row was staged with the weights
-      const uint4* xs = reinterpret_cast<const uint4*>(s + V4<BITS>::XOFF + g * 512u + q * 128u + c * 32u);
-      xv[q][0] = xs[0];
-      xv[q][1] = xs[1];
-    } else if (has_x) {
-      const uint4* xp = reinterpret_cast<const uint4*>(xr + (4u * u + q) * 64u);
+    } else {
+      const uint4* xp = reinterpret_cast<const uint4*>(xs + q * 64);
       xv[q][0] = PDL ? ld_dep16(xp) : __ldg(xp);
       xv[q][1] = PDL ? ld_dep16(xp + 1) : __ldg(xp + 1);
-    } else {
-      xv[q][0] = xv[q][1] = make_uint4(0u, 0u, 0u, 0u);
     }
   }
   const __half2* sc = reinterpret_cast<const __half2*>(s + BASE + HIGH);
@@ -561,16 +583,27 @@ __device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* 
     const uint32_t boff = ((((2u * q) + (c >> 1)) ^ ((g & 3u) << 1)) << 4) + (c & 1u) * 8u;
     const uint2 wa = *reinterpret_cast<const uint2*>(s + g * 128u + boff);
     const uint2 wb = *reinterpret_cast<const uint2*>(s + (g + 8u) * 128u + boff);
-    uint32_t hva = 0u, hvb = 0u;
-    if (BITS == 5) {
+    HighBits fa0{0u, 0u}, fa1{0u, 0u}, fb0{0u, 0u}, fb1{0u, 0u};
+    uint32_t hva = 0u, hvb = 0u;  // (measurement builds)
+    if (BITS == 5) {  // one byte per 8-lane word: byte loads, no masking
       const uint32_t hoff = BASE + ((((q >> 1)) ^ ((g >> 2) & 1u)) << 4) + (q & 1) * 8u + c * 2u;
-      hva = *reinterpret_cast<const unsigned short*>(s + hoff + g * 32u);
-      hvb = *reinterpret_cast<const unsigned short*>(s + hoff + (g + 8u) * 32u);
+      const uint8_t* ha = s + hoff + g * 32u;
+      const uint8_t* hb = s + hoff + (g + 8u) * 32u;
+      fa0 = ninfer_codes::q5_high(ha[0]);
+      fa1 = ninfer_codes::q5_high(ha[1]);
+      fb0 = ninfer_codes::q5_high(hb[0]);
+      fb1 = ninfer_codes::q5_high(hb[1]);
+      hva = ha[0];
+      hvb = hb[0];
     }
     if (BITS == 6) {
       const uint32_t hoff = BASE + ((q ^ ((g >> 1) & 3u)) << 4) + c * 4u;
       hva = *reinterpret_cast<const uint32_t*>(s + hoff + g * 64u);
       hvb = *reinterpret_cast<const uint32_t*>(s + hoff + (g + 8u) * 64u);
+      fa0 = high_word<6>(hva, 0);
+      fa1 = high_word<6>(hva, 1);
+      fb0 = high_word<6>(hvb, 0);
+      fb1 = high_word<6>(hvb, 1);
     }
     const uint4 x0 = xv[q][0], x1 = xv[q][1];
     if (NINFER_V4_DIAG == 1) {  // every loaded word feeds the result, no conversion, no MMA
@@ -578,16 +611,18 @@ __device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* 
                 __uint_as_float((wa.y ^ wb.x ^ hvb ^ x0.z ^ x1.y) & 0x3FFFFFFFu) * __low2float(q < 2 ? sca01 : scb23);
       continue;
     }
-    const HighBits fa0 = high_word<BITS>(hva, 0), fa1 = high_word<BITS>(hva, 1);
-    const HighBits fb0 = high_word<BITS>(hvb, 0), fb1 = high_word<BITS>(hvb, 1);
-    float t[4] = {0.f, 0.f, 0.f, 0.f};
+    float t[4];
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       const uint32_t sel = (m & 1) ? 0x7632u : 0x5410u;
       const uint32_t b0 = __byte_perm(m < 2 ? x0.x : x0.y, m < 2 ? x0.z : x0.w, sel);
       const uint32_t b1 = __byte_perm(m < 2 ? x1.x : x1.y, m < 2 ? x1.z : x1.w, sel);
-      mma_bf16(t, v3_pair<BITS>(wa.x, fa0, m), v3_pair<BITS>(wb.x, fb0, m), v3_pair<BITS>(wa.y, fa1, m),
-               v3_pair<BITS>(wb.y, fb1, m), b0, b1);
+      const uint32_t a0 = v3_pair<BITS>(wa.x, fa0, m), a1 = v3_pair<BITS>(wb.x, fb0, m);
+      const uint32_t a2 = v3_pair<BITS>(wa.y, fa1, m), a3 = v3_pair<BITS>(wb.y, fb1, m);
+      if (m == 0)
+        ninfer_codes::mma_bf16_zero(t, a0, a1, a2, a3, b0, b1);  // a fresh fragment per group
+      else
+        mma_bf16(t, a0, a1, a2, a3, b0, b1);
     }
     const __half2 ha = q < 2 ? sca01 : sca23, hb = q < 2 ? scb01 : scb23;
     const float s_a = (q & 1) ? __high2float(ha) : __low2float(ha);
@@ -663,7 +698,6 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
                                         TY* __restrict__ y, uint32_t n_rows, uint32_t k, uint32_t b_rows,
                                         uint32_t ks, const V4Epi& e) {
   constexpr uint32_t STAGE = V4<BITS>::STAGE, STAGES = V4<BITS>::STAGES;
-  static_assert(!PDL || V4<BITS>::XS == 0, "PDL: activations may be read only after pdl_wait");
   extern __shared__ __align__(16) uint8_t v4_smem[];
 
   const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
@@ -694,13 +728,18 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   const uint32_t ubeg = kpart * units / ks, uend = (kpart + 1u) * units / ks, n_units = uend - ubeg;
   uint8_t* ring = v4_smem + warp * (STAGES * STAGE);
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  // ring slots as running offsets: `fill` is where the next copy goes, `use` what the next stage reads
+  uint32_t fill = 0u, use = 0u;
+  const auto next_slot = [](uint32_t o) { return o + STAGE == STAGES * STAGE ? 0u : o + STAGE; };
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const bool active = row0 < n_rows;
+  V4Lane lp = v4_lane<BITS>(base, high, scales, row0, groups, ubeg, lane);
   if (active) {
 #pragma unroll
     for (uint32_t i = 0; i + 1u < STAGES; ++i) {
-      if (i < n_units) v4_issue<BITS>(ring_s + i * STAGE, base, high, scales, x, k, b_rows, row0, groups, ubeg + i, lane);
+      if (i < n_units) v4_copy<BITS>(ring_s + fill, lp);
+      fill = next_slot(fill);
       cp_async_commit();
     }
   }
@@ -709,16 +748,17 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
     pdl_trigger();
   }
   if (active) {
-    const bool has_x = g < b_rows;
-    const __nv_bfloat16* xr = x + g * k + c * 16u;
+    const __nv_bfloat16* xs = x + (g < b_rows ? g : 0u) * k + c * 16u + ubeg * 256u;
+#pragma unroll 1
     for (uint32_t i = 0; i < n_units; ++i) {
       cp_async_wait<STAGES - 2>();  // this thread's copies of stage i have landed
       __syncwarp();                 // ... and every lane's; also: stage i - 1 is no longer read
-      const uint32_t next = i + STAGES - 1u;
-      if (next < n_units)
-        v4_issue<BITS>(ring_s + (next % STAGES) * STAGE, base, high, scales, x, k, b_rows, row0, groups, ubeg + next, lane);
+      if (i + STAGES - 1u < n_units) v4_copy<BITS>(ring_s + fill, lp);
+      fill = next_slot(fill);
       cp_async_commit();
-      v4_stage<BITS, PDL>(ring + (i % STAGES) * STAGE, xr, has_x, ubeg + i, g, c, acc);
+      v4_stage<BITS, PDL>(ring + use, xs, g, c, acc);
+      use = next_slot(use);
+      xs += 256;
     }
     cp_async_wait<0>();
   }
@@ -773,25 +813,19 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
     v4_body<BITS, TY, false, V4_PLAIN>(x, base, high, scales, y, n_rows, k, b_rows, ks, e);           \
   }
 
-// The launcher's entries: PDL and an epilogue (SwiGLU blocks have up to 16 warps: gate/up pairs).
-// (sm_120 / sm_121: with launch bounds ptxas targets 64 registers and spills the q4 add entry)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
-#define NINFER_V4E_BOUNDS(WARPS) __maxnreg__(128)
-#else
-#define NINFER_V4E_BOUNDS(WARPS) __launch_bounds__(WARPS * 32)
-#endif
-#define NINFER_QGEMV4E(BITS, MODE, TAG, WARPS)                                                       \
-  extern "C" __global__ void NINFER_V4E_BOUNDS(WARPS)                                                 \
+// The launcher's entries: PDL and an epilogue (blocks of up to 8 warps; SwiGLU: gate/up tile pairs).
+#define NINFER_QGEMV4E(BITS, MODE, TAG)                                                              \
+  extern "C" __global__ void NINFER_V4_BOUNDS                                                         \
       ninfer_qgemv4e_q##BITS##_##TAG(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, \
                                      const __half* scales, __nv_bfloat16* y, uint32_t n_rows,         \
                                      uint32_t k, uint32_t b_rows, uint32_t ks, const V4Epi e) {       \
     v4_body<BITS, __nv_bfloat16, true, MODE>(x, base, high, scales, y, n_rows, k, b_rows, ks, e);     \
   }
 #define NINFER_QGEMV4E_MODES(BITS)                          \
-  NINFER_QGEMV4E(BITS, V4_PLAIN, plain, V4_MAX_WARPS)       \
-  NINFER_QGEMV4E(BITS, V4_ADD, add, V4_MAX_WARPS)           \
-  NINFER_QGEMV4E(BITS, V4_SWIGLU, swiglu, 2 * V4_MAX_WARPS)  \
-  NINFER_QGEMV4E(BITS, V4_MULTI, multi, V4_MAX_WARPS)
+  NINFER_QGEMV4E(BITS, V4_PLAIN, plain)                     \
+  NINFER_QGEMV4E(BITS, V4_ADD, add)                         \
+  NINFER_QGEMV4E(BITS, V4_SWIGLU, swiglu)                   \
+  NINFER_QGEMV4E(BITS, V4_MULTI, multi)
 
 NINFER_QGEMV4(4, __nv_bfloat16, bf16)
 NINFER_QGEMV4(5, __nv_bfloat16, bf16)

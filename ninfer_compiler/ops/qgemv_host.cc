@@ -71,7 +71,6 @@ constexpr int kKernels = 32 + 3 + 12;
 #define NINFER_V4_STAGES_Q4 2
 #define NINFER_V4_STAGES_Q5 3
 #define NINFER_V4_STAGES_Q6 2
-#define NINFER_V4_XSTAGE 0
 constexpr uint32_t kV4MaxWarps = 8;
 
 // v4 epilogues (V4Mode in qgemv_cuda.cu) and the kernel's by-value parameter `V4Epi`.
@@ -91,12 +90,11 @@ struct V4Epi {
   void* seg_y[V4_SEGS];
 };
 
-// Dynamic shared memory of a v4 block: warps x stages x (16 rows x 4 groups of base, high, scales,
-// and the staged activation rows).
+// Dynamic shared memory of a v4 block: warps x stages x (16 rows x 4 groups of base, high, scales).
 uint32_t v4_smem(int bits, uint32_t warps) {
   const uint32_t hb = bits == 5 ? 8 : bits == 6 ? 16 : 0;
   const uint32_t stages = bits == 4 ? NINFER_V4_STAGES_Q4 : bits == 5 ? NINFER_V4_STAGES_Q5 : NINFER_V4_STAGES_Q6;
-  return warps * stages * (16 * 128 + 16 * 4 * hb + 16 * 8 + NINFER_V4_XSTAGE * 512);
+  return warps * stages * (16 * 128 + 16 * 4 * hb + 16 * 8);
 }
 
 int kernel_index(int bits, int batch, bool f32) {

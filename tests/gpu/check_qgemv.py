@@ -229,19 +229,18 @@ def _ks_v4(n: int, k: int, bits: int = 4) -> int:  # qgemv_host.cc choose_ks_v4
     return ks
 
 
-def _v4_stage_bytes(bits: int, xs: int = 0) -> int:  # V4<BITS>::STAGE
-    return 16 * 128 + 16 * 4 * {4: 0, 5: 8, 6: 16}[bits] + 16 * 8 + 512 * xs
+def _v4_stage_bytes(bits: int) -> int:  # V4<BITS>::STAGE
+    return 16 * 128 + 16 * 4 * {4: 0, 5: 8, 6: 16}[bits] + 16 * 8
 
 
-# the default build of v4 and others: tag -> ring depth for (q4, q5, q6), activation rows staged
-# (NINFER_V4_XSTAGE), measurement-only build (no numerics), extra nvcc defines
-V4_DEFAULT = {"stages": (2, 3, 2), "xs": 0, "diag": False, "defs": []}  # = qgemv.V4_STAGES
+# the default build of v4 and others: tag -> ring depth for (q4, q5, q6), measurement-only build (no
+# numerics), extra nvcc defines
+V4_DEFAULT = {"stages": (2, 3, 2), "diag": False, "defs": []}  # = qgemv.V4_STAGES
 V4_VARIANTS = {
-    "v4s3": {"stages": (3, 3, 3), "xs": 0, "diag": False, "defs": []},
-    "v4s4": {"stages": (4, 4, 3), "xs": 0, "diag": False, "defs": []},
-    "v4x1": {"stages": (3, 3, 3), "xs": 1, "diag": False, "defs": ["-DNINFER_V4_MIN_BLOCKS=3"]},
-    "v4d1": {"stages": (3, 3, 3), "xs": 0, "diag": True, "defs": ["-DNINFER_V4_DIAG=1"]},  # loads only
-    "v4d2": {"stages": (3, 3, 3), "xs": 0, "diag": True, "defs": ["-DNINFER_V4_DIAG=2"]},  # no x loads
+    "v4s3": {"stages": (3, 3, 3), "diag": False, "defs": []},
+    "v4s4": {"stages": (4, 4, 3), "diag": False, "defs": []},
+    "v4d1": {"stages": (3, 3, 3), "diag": True, "defs": ["-DNINFER_V4_DIAG=1"]},  # loads only
+    "v4d2": {"stages": (3, 3, 3), "diag": True, "defs": ["-DNINFER_V4_DIAG=2"]},  # no x loads
 }
 
 BW_SOURCE = r"""
@@ -283,7 +282,7 @@ def fatbins() -> None:
     flags = ["-fatbin", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a"]
     for tag, v in V4_VARIANTS.items():
         defs = [f"-DNINFER_V4_STAGES_Q{b}={s}" for b, s in zip((4, 5, 6), v["stages"], strict=True)]
-        defs += [f"-DNINFER_V4_XSTAGE={v['xs']}", *v["defs"]]
+        defs += v["defs"]
         subprocess.run([nvcc_path(), *flags, "-DNINFER_GEMV_SKIP_V2", *defs, str(qgemv.DEVICE_SOURCE),
                         "-o", str(FATBINS / f"{tag}_sm_90a.fatbin")], check=True)
     bw = FATBINS / "bw.cu"
@@ -419,7 +418,7 @@ def cupy_check(out: Path, reps: int, dense: bool) -> int:
                 ks = ks or _ks_v4(n, k, bits)
                 grid, warps = _v4_geometry(n, k, ks)
                 conf = v4conf[variant]
-                per_warp = conf["stages"][bits - 4] * _v4_stage_bytes(bits, conf["xs"])
+                per_warp = conf["stages"][bits - 4] * _v4_stage_bytes(bits)
                 fn = function(v4mods.get(variant, mod), f"ninfer_qgemv4_q{bits}_y{tag}", 8 * per_warp)
                 fn((grid,), (warps * 32,), (x, *planes, y, u32(n), u32(k), u32(b), u32(ks)), shared_mem=warps * per_warp)
 

@@ -150,7 +150,8 @@ def test_v3_and_dense_compile_without_spills(arch, tmp_path):
     assert {f"ninfer_qgemv3_q{b}_ybf16" for b in (4, 5, 6)} <= names
     assert {f"ninfer_dense_bf16_b{b}" for b in (1, 2, 4, 8)} <= names
     assert not any(name.startswith("ninfer_qgemv_q") for name in names)
-    spills = {name: int(s) for name, _, s in kernels if int(s)}
+    # (the v4 entries run under a register cap and are checked loop by loop in test_qgemv_v4.py)
+    spills = {name: int(s) for name, _, s in kernels if int(s) and not name.startswith("ninfer_qgemv4")}
     assert spills == {}, f"register spills: {spills}"
     regs = [int(r) for r in re.findall(r"Used (\d+) registers", proc.stderr)]
     assert max(regs) <= 128
