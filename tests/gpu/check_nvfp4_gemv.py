@@ -22,6 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cupy_bench import graph_us  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "ninfer_compiler" / "ops" / "nvfp4_gemv_cuda.cu"
 FATBINS = ROOT / ".cache" / "ninfer" / "nvfp4-gemv-check"
@@ -109,28 +112,10 @@ def cupy_check(out: Path, reps: int, smoke: bool) -> int:
 
     mods = {tag: cp.RawModule(path=str(FATBINS / f"{tag}.fatbin")) for tag in VARIANTS}
     bw = cp.RawModule(path=str(FATBINS / "bw.fatbin")).get_function("bw_copy")
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
     u32 = np.uint32
 
     def gpu_us(fn, n_calls: int) -> float:
-        """Median over `reps` of (one CUDA graph of n_calls launches) / n_calls, in us."""
-        stream = cp.cuda.Stream(non_blocking=True)
-        with stream:
-            fn(0)
-            stream.begin_capture()
-            for i in range(n_calls):
-                fn(i)
-            graph = stream.end_capture()
-            graph.launch(stream)
-            stream.synchronize()
-            times = []
-            for _ in range(reps):
-                start.record(stream)
-                graph.launch(stream)
-                stop.record(stream)
-                stop.synchronize()
-                times.append(cp.cuda.get_elapsed_time(start, stop) * 1e3 / n_calls)
-        return float(np.median(times))
+        return graph_us(fn, n_calls, reps)
 
     src = cp.ones(1 << 30, dtype=cp.uint8)
     dst = cp.empty_like(src)

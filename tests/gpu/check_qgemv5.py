@@ -34,6 +34,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cupy_bench import graph_us as cupy_graph_us  # noqa: E402
+
 STAGE = ROOT / ".cache" / "ninfer" / "gemv5"
 OPS = ROOT / "ninfer_compiler" / "ops"
 Q4, Q5, Q6, BF16 = 4, 5, 6, 16
@@ -162,7 +165,6 @@ def cupy_check(out: Path, reps: int, smoke: bool = False) -> int:
     dmod = cp.RawModule(path=str(STAGE / "dense_sm_90a.fatbin"))
     bwmod = cp.RawModule(path=str(STAGE / "bw_sm_90a.fatbin"))
     stream = cp.cuda.Stream(non_blocking=True)
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
     functions: dict = {}
     u32 = np.uint32
     rng = np.random.default_rng(0)
@@ -181,23 +183,7 @@ def cupy_check(out: Path, reps: int, smoke: bool = False) -> int:
 
     def graph_us(fn, n_calls: int, count: int = 1) -> float:
         """Median over `reps` of one CUDA graph of n_calls calls of fn(i), per call / count."""
-        with stream:
-            fn(0)
-            stream.synchronize()
-            stream.begin_capture()
-            for i in range(n_calls):
-                fn(i)
-            graph = stream.end_capture()
-            graph.launch(stream)
-            stream.synchronize()
-            times = []
-            for _ in range(reps):
-                start.record(stream)
-                graph.launch(stream)
-                stop.record(stream)
-                stop.synchronize()
-                times.append(cp.cuda.get_elapsed_time(start, stop) * 1e3 / n_calls / count)
-        return float(np.median(times))
+        return cupy_graph_us(fn, n_calls, reps, stream, count)
 
     # ---- ceilings
     src = cp.ones(1 << 30, dtype=cp.uint8)

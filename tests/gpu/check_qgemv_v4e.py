@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""v4 decode GEMV builds against each other on the H200: the launcher's fused entries and the plain ones.
+
+    # build machine: sm_90a fatbins of ops/qgemv_cuda.cu (this tree, its build variants, and the
+    # source of a baseline git revision), into .cache/ninfer/qgemv-v4e
+    .venv/bin/python tests/gpu/check_qgemv_v4e.py fatbins --baseline 8b5d5f9
+    # GPU machine (cupy), carry .cache/ninfer/qgemv-v4e:
+    python3 tests/gpu/check_qgemv_v4e.py cupy --out $OUT
+
+`cupy` fills random planes on the GPU and, for every build, launches the entries the launcher uses
+(`ninfer_qgemv4e_q*_{plain,add,swiglu}`, the `V4Epi` parameter passed by value as a numpy structured
+scalar) at the launcher's geometry (`qgemv_host.cc`: K split, warps per block, shared memory) on the
+27B decode projections: numerics at batch 1..8 against float64 numpy (NaN-poisoned outputs, rows
+subset for N > 4,096), then per-launch time at batch 1 and 8 inside a CUDA graph, rotating over
+weight copies so that L2 cannot hold them, against the read / copy bandwidth measured in the run.
+It prints a table last and writes `qgemv_v4e.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_qgemv import BW_SOURCE, _ks_v4, _v4_stage_bytes, decode_planes  # noqa: E402
+from cupy_bench import ceilings, graph_us  # noqa: E402
+
+FATBINS = ROOT / ".cache" / "ninfer" / "qgemv-v4e"
+STAGES = {4: 2, 5: 3, 6: 2}  # = qgemv.V4_STAGES (the ring depth of every build here)
+# build tag -> extra nvcc defines ("base": the baseline revision's source, no defines)
+BUILDS = {
+    "base": [],
+    "cur": [],
+    "r64": ["-DNINFER_V4_MAXREG=64"],  # other register caps (4 / 2 blocks of 8 warps per SM)
+    "r128": ["-DNINFER_V4_MAXREG=128"],
+    "d1": ["-DNINFER_V4_DIAG=1"],  # loads only (no numerics): the streaming limit of the build
+}
+DIAG = {"d1"}
+# (mode, format, N, K): the 27B decode launches of the fused entries (swiglu: gate and up of N rows each)
+CASES = {
+    "q4 swiglu 2x17408x5120": ("swiglu", 4, 17408, 5120),
+    "q5 add down 5120x17408": ("add", 5, 5120, 17408),
+    "q5 add out 5120x6144": ("add", 5, 5120, 6144),
+    "q5 plain 6144x5120": ("plain", 5, 6144, 5120),
+    "q4 plain 6144x5120": ("plain", 4, 6144, 5120),
+    "q6 plain head 248320x5120": ("plain", 6, 248320, 5120),
+}
+MODES = {"plain": 0, "add": 1, "swiglu": 2}
+EPI = np.dtype([("up_base", "<u8"), ("up_high", "<u8"), ("up_scales", "<u8"), ("residual", "<u8"),
+                ("y_stride", "<u4"), ("seg_end", "<u4", (4,)), ("seg_stride", "<u4", (4,)),
+                ("seg_base", "<u8", (4,)), ("seg_high", "<u8", (4,)), ("seg_scales", "<u8", (4,)),
+                ("seg_y", "<u8", (4,))], align=True)  # = V4Epi (qgemv_cuda.cu)
+
+
+def geometry(mode: str, bits: int, n: int, k: int, ks: int = 0) -> tuple[int, int, int]:
+    """(grid, warps per block, ks) as qgemv_host.cc `run` picks them for a v4 launch (`ks`: forced)."""
+    tiles = n // 16 * (2 if mode == "swiglu" else 1)
+    ks = ks or _ks_v4(tiles * 16, k, bits)
+    if mode == "swiglu":
+        ks = min(ks, 4)
+    warps = 8 if mode == "swiglu" else max(4, ks)
+    return -(-tiles // (warps // ks)), warps, ks
+
+
+def fatbins(baseline: str | None) -> None:
+    from ninfer_compiler.codegen.toolchain import nvcc_path
+    from ninfer_compiler.ops import qgemv
+
+    FATBINS.mkdir(parents=True, exist_ok=True)
+    flags = ["-fatbin", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-DNINFER_GEMV_SKIP_V2",
+             f"-I{qgemv.DEVICE_SOURCE.parent}"]
+    for tag, defs in BUILDS.items():
+        source = qgemv.DEVICE_SOURCE
+        if tag == "base":
+            if baseline is None:
+                continue
+            source = FATBINS / "base.cu"
+            rel = qgemv.DEVICE_SOURCE.relative_to(ROOT)
+            source.write_bytes(subprocess.run(["git", "-C", str(ROOT), "show", f"{baseline}:{rel}"],
+                                              check=True, capture_output=True).stdout)
+        subprocess.run([nvcc_path(), *flags, *defs, str(source), "-o", str(FATBINS / f"{tag}_sm_90a.fatbin")],
+                       check=True)
+    bw = FATBINS / "bw.cu"
+    bw.write_text(BW_SOURCE)
+    subprocess.run([nvcc_path(), *flags[:4], str(bw), "-o", str(FATBINS / "bw_sm_90a.fatbin")], check=True)
+    print("wrote", *sorted(p.name for p in FATBINS.iterdir()))
+
+
+def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, force_ks: int = 0) -> int:
+    import cupy as cp
+
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "qgemv_v4e.log").open("w")
+
+    def say(*a: object) -> None:
+        print(*a, flush=True)
+        print(*a, file=log, flush=True)
+
+    mods = {tag: cp.RawModule(path=str(FATBINS / f"{tag}_sm_90a.fatbin")) for tag in BUILDS
+            if (FATBINS / f"{tag}_sm_90a.fatbin").exists() and (builds is None or tag in builds)}
+    bwmod = cp.RawModule(path=str(FATBINS / "bw_sm_90a.fatbin"))
+    cache: dict = {}
+
+    def function(tag: str, name: str, smem: int):
+        if (tag, name) not in cache:
+            fn = mods[tag].get_function(name)
+            fn.max_dynamic_shared_size_bytes = smem
+            cache[(tag, name)] = fn
+        return cache[(tag, name)]
+
+    def gpu_us(fn, n_calls: int) -> float:
+        return graph_us(fn, n_calls, reps)
+
+    u32 = np.uint32
+    copy_gb_s, read_gb_s = ceilings(bwmod)
+    say(f"device bandwidth, 1 GiB: copy kernel {copy_gb_s:.0f} GB/s (read + write), read kernel {read_gb_s:.0f} GB/s")
+    rng = np.random.default_rng(0)
+    errors, timings, ok = [], [], True
+    for name, (mode, bits, n, k) in cases.items():
+        hb = {4: 0, 5: 8, 6: 16}[bits]
+        per_weight = n * k // 64 * (32 + hb + 2)
+        nbytes = per_weight * (2 if mode == "swiglu" else 1)
+        copies = max(1, min(40, -(-200_000_000 // nbytes)))
+
+        def planes(n=n, k=k, hb=hb):
+            base = cp.random.randint(0, 256, size=(n, k // 2), dtype=cp.int32).astype(cp.uint8)
+            high = cp.random.randint(0, 256, size=(n, k // 64 * hb), dtype=cp.int32).astype(cp.uint8) if hb else base
+            sc = cp.random.uniform(0.5, 1.5, size=(n, k // 64)) * cp.random.choice(cp.array([-1.0, 1.0]), size=(n, k // 64))
+            return base, high, (sc / 64).astype(cp.float16)
+
+        sets = [[planes() for _ in range(2 if mode == "swiglu" else 1)] for _ in range(copies)]
+        rows = np.arange(n) if n <= 4096 else np.r_[np.arange(1024), np.arange(n - 1024, n)]
+        ref_w = [decode_planes(cp.asnumpy(p[0][rows]), cp.asnumpy(p[1][rows]) if hb else None,
+                               cp.asnumpy(p[2][rows]), bits) for p in sets[0]]
+        grid, warps, ks = geometry(mode, bits, n, k, force_ks)
+        smem = warps * STAGES[bits] * _v4_stage_bytes(bits)
+        entry = f"ninfer_qgemv4e_q{bits}_{mode}"
+
+        def launch(tag, ws, x, y, b, residual=None, entry=entry, grid=grid, warps=warps, ks=ks, smem=smem, n=n, k=k):
+            epi = np.zeros((), dtype=EPI)
+            epi["y_stride"] = n
+            if len(ws) == 2:
+                epi["up_base"], epi["up_high"], epi["up_scales"] = (int(a.data.ptr) for a in ws[1])
+            if residual is not None:
+                epi["residual"] = int(residual.data.ptr)
+            function(tag, entry, smem)((grid,), (warps * 32,),
+                                       (x, *ws[0], y, u32(n), u32(k), u32(b), u32(ks), epi[()]), shared_mem=smem)
+
+        for b in range(1, 9):
+            xf = rng.standard_normal((b, k)).astype(np.float32)
+            xb = (xf.view(np.uint32) >> 16).astype(np.uint16)
+            x64 = (xb.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+            acc = [x64 @ w.T for w in ref_w]
+            residual = None
+            if mode == "swiglu":
+                ref = acc[0] / (1 + np.exp(-acc[0])) * acc[1]
+            elif mode == "add":
+                rf = rng.standard_normal((b, n)).astype(np.float32)
+                rb = (rf.view(np.uint32) >> 16).astype(np.uint16)
+                residual = cp.asarray(rb)
+                ref = acc[0] + (rb.astype(np.uint32) << 16).view(np.float32).astype(np.float64)[:, rows]
+            else:
+                ref = acc[0]
+            for tag in mods:
+                if tag in DIAG:
+                    continue
+                y = cp.full((b, n), 0x7FC0, dtype=cp.uint16)
+                launch(tag, sets[0], cp.asarray(xb), y, b, residual)
+                got = (cp.asnumpy(y).astype(np.uint32) << 16).view(np.float32)[:, rows].astype(np.float64)
+                err = float(np.abs(got - ref).max() / np.abs(ref).max())
+                err = err if np.isfinite(err) else float("inf")
+                ok &= err <= 1e-2
+                errors.append((name, tag, b, err))
+        for b in (1, 8):
+            x = cp.asarray((rng.standard_normal((b, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+            residual = cp.asarray((rng.standard_normal((b, n)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+            y = cp.zeros((b, n), dtype=cp.uint16)
+            res = residual if mode == "add" else None
+            entry_t = {tag: gpu_us(lambda i, tag=tag, s=sets, x=x, y=y, b=b, r=res: launch(tag, s[i % len(s)], x, y, b, r),
+                                   max(copies, 20))
+                       for tag in mods}
+            timings.append((name, b, nbytes, entry_t))
+            say(name, b, {t: round(v, 2) for t, v in entry_t.items()})
+        sets = None
+        cp.get_default_memory_pool().free_all_blocks()
+    (out / "qgemv_v4e.json").write_text(json.dumps({"copy_gb_s": copy_gb_s, "read_gb_s": read_gb_s, "errors": errors,
+                                                     "timings": timings}, indent=1))
+    say("\nmax |y - ref| / max |ref| over b = 1..8 (float64 reference, bf16 output):")
+    for name in cases:
+        labels = dict.fromkeys(tt for (c, tt, _, _) in errors if c == name)
+        say(f"{name:28} " + "  ".join(f"{t} {max(e for (c, tt, _, e) in errors if c == name and tt == t):.2e}"
+                                      for t in labels))
+    say(f"\nper launch in a CUDA graph (median of {reps}, us), weights rotated over copies; read {read_gb_s:.0f} GB/s, "
+        f"copy {copy_gb_s:.0f} GB/s; last column: the best real build's GB/s (% of read)")
+    for name, b, nbytes, e in timings:
+        real = [t for t in e if t not in DIAG]
+        best = min(real, key=lambda t: e[t])
+        gbs = nbytes / (e[best] * 1e-6) / 1e9
+        say(f"{name:28} {nbytes / 1e6:6.1f} MB b={b} " + " ".join(f"{t} {v:.2f}" for t, v in e.items())
+            + f"   best {best} {gbs:.0f} GB/s ({100 * gbs / read_gb_s:.0f}%)")
+    say("numerics", "ok" if ok else "FAILED")
+    log.close()
+    return 0 if ok else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["fatbins", "cupy"])
+    parser.add_argument("--baseline", help="fatbins: git revision whose qgemv_cuda.cu is the `base` build")
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/qgemv-v4e-out"))
+    parser.add_argument("--cases", help="cupy: mode:bits:N:K,... instead of the 27B launches")
+    parser.add_argument("--builds", help="cupy: comma-separated build tags (default: every fatbin there)")
+    parser.add_argument("--ks", type=int, default=0, help="cupy: K split for every case (default: the launcher's)")
+    args = parser.parse_args()
+    if args.action == "fatbins":
+        sys.path.insert(0, str(ROOT))
+        fatbins(args.baseline)
+        return 0
+    cases = CASES
+    if args.cases:
+        cases = {}
+        for spec in args.cases.split(","):
+            mode, bits, n, k = spec.split(":")
+            cases[f"q{bits} {mode} {n}x{k}"] = (mode, int(bits), int(n), int(k))
+    return cupy_check(args.out, args.reps, cases, args.builds.split(",") if args.builds else None, args.ks)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
