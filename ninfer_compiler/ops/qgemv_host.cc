@@ -246,7 +246,18 @@ struct Planes {
   int64_t n;
 };
 
-Planes planes(const tvm::ffi::TensorView& base, const tvm::ffi::TensorView& high, const tvm::ffi::TensorView& scales) {
+// The planes of a `bits`-bit weight over K = k (row_split_k128_v1: base K / 2 bytes per row, K for
+// q8; q5 / q6 high 8 / 16 bytes and one scale per group of 64 lanes, 32 for q8), checked against k
+// so that a mismatched weight is an error instead of reads past its rows.
+Planes planes(const tvm::ffi::TensorView& base, const tvm::ffi::TensorView& high, const tvm::ffi::TensorView& scales,
+              int64_t bits, int64_t k) {
+  TVM_FFI_ICHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8) << "ninfer_gemv: no kernel for " << bits << "-bit codes";
+  const int64_t groups = k / (bits == 8 ? 32 : 64), hb = bits == 5 ? 8 : bits == 6 ? 16 : 0;
+  TVM_FFI_ICHECK(base.ndim() == 2 && scales.ndim() == 2 && high.ndim() == 2 && scales.shape()[0] == base.shape()[0] &&
+                 base.shape()[1] == (bits == 8 ? k : k / 2) && scales.shape()[1] == groups &&
+                 (hb == 0 || (high.shape()[0] == base.shape()[0] && high.shape()[1] == groups * hb)))
+      << "ninfer_gemv: " << bits << "-bit planes base " << base.shape() << ", high " << high.shape() << ", scales "
+      << scales.shape() << " do not match K = " << k;
   return Planes{address(base), address(high), address(scales), base.shape()[0]};
 }
 
@@ -373,7 +384,7 @@ CUstream stream_of(const tvm::ffi::TensorView& x) {
 void qgemv(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
            tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView y) {
   const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
-  const Planes w = planes(base, high, scales);
+  const Planes w = planes(base, high, scales, bits, k);
   TVM_FFI_ICHECK(w.n == n) << "ninfer_gemv: base has " << w.n << " rows, y " << n;
   run(address(x), is_f32(x), x.numel() / k, k, static_cast<int>(bits), w, address(y), n, V4_PLAIN, nullptr, nullptr,
       stream_of(x));
@@ -383,7 +394,7 @@ void qgemv(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorVi
 void qgemv_add(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
                tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView residual, tvm::ffi::TensorView y) {
   const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
-  const Planes w = planes(base, high, scales);
+  const Planes w = planes(base, high, scales, bits, k);
   TVM_FFI_ICHECK(!is_f32(x) && w.n == n && residual.numel() == y.numel() && residual.dtype().code == kDLBfloat &&
                  residual.dtype().bits == 16)
       << "ninfer_gemv: add needs bf16 x and a bf16 residual shaped like y";
@@ -396,7 +407,7 @@ void qgemv_swiglu(tvm::ffi::TensorView x, int64_t bits, tvm::ffi::TensorView gb,
                   tvm::ffi::TensorView gs, tvm::ffi::TensorView ub, tvm::ffi::TensorView uh, tvm::ffi::TensorView us,
                   tvm::ffi::TensorView y) {
   const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
-  const Planes g = planes(gb, gh, gs), u = planes(ub, uh, us);
+  const Planes g = planes(gb, gh, gs, bits, k), u = planes(ub, uh, us, bits, k);
   TVM_FFI_ICHECK(!is_f32(x) && g.n == n && u.n == n) << "ninfer_gemv: swiglu needs bf16 x and gate/up of y's rows";
   run(address(x), false, x.numel() / k, k, static_cast<int>(bits), g, address(y), n, V4_SWIGLU, &u, nullptr,
       stream_of(x));
@@ -439,7 +450,8 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_multi(void*, const TVMF
     TVM_FFI_ICHECK(y.numel() == rows * total && y.dtype() == x.dtype()) << "ninfer_qgemv_multi: bad output " << o;
     int64_t off = 0;
     for (int64_t j = 0, n = a[2 + o].cast<int64_t>(); j < n; ++j, i += 4) {
-      const Planes w = planes(a[i + 1].cast<TensorView>(), a[i + 2].cast<TensorView>(), a[i + 3].cast<TensorView>());
+      const Planes w = planes(a[i + 1].cast<TensorView>(), a[i + 2].cast<TensorView>(), a[i + 3].cast<TensorView>(),
+                              a[i].cast<int64_t>(), k);
       TVM_FFI_ICHECK(off + w.n <= total) << "ninfer_qgemv_multi: output " << o << " is narrower than its weights";
       items.push_back({static_cast<int>(a[i].cast<int64_t>()), w, address(y) + off * (f32 ? 4 : 2), total});
       off += w.n;
