@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 if TYPE_CHECKING:
     from tvm.relax.frontend import nn
@@ -88,7 +89,11 @@ def _split_kernel(
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
     TARGET: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
+        gdc_wait()
+        gdc_launch_dependents()
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -141,7 +146,11 @@ def _combine_kernel(
     BLOCK_N: tl.constexpr,
     TARGET: tl.constexpr,
     CHUNK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
+        gdc_wait()
+        gdc_launch_dependents()
     h = tl.program_id(0)
     b = tl.program_id(1)
     keys, per_split, used = _split_plan(lens_ptr, b, tl.num_programs(1), HKV, NS, BLOCK_N, TARGET)
@@ -223,13 +232,13 @@ def images(arch: str, hq: int, hkv: int, d: int, page_size: int) -> list[KernelI
         signature={"q_ptr": "*bf16", "kv_ptr": "*bf16", "pages_ptr": "*i32", "lens_ptr": "*i32",
                    "ws_ptr": "*fp32", "P": "i32", "scale_log2": "fp32"},
         constants={"HQ": hq, "HKV": hkv, "D": d, "PS": page_size, "NS": MAX_SPLITS, "BLOCK_N": BLOCK_N,
-                   "ROWS": ROWS, "TARGET": TARGET},
+                   "ROWS": ROWS, "TARGET": TARGET, "PDL": True},
         arch=arch, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     combine = compile_kernel(
         _combine_kernel,
         signature={"ws_ptr": "*fp32", "lens_ptr": "*i32", "o_ptr": "*bf16"},
         constants={"HQ": hq, "HKV": hkv, "D": d, "NS": MAX_SPLITS, "BLOCK_N": BLOCK_N, "TARGET": TARGET,
-                   "CHUNK": COMBINE_CHUNK},
+                   "CHUNK": COMBINE_CHUNK, "PDL": True},
         arch=arch, num_warps=4, num_stages=1)
     return [split, combine]
 
@@ -258,7 +267,7 @@ void attention_decode_split(tvm::ffi::TensorView q, tvm::ffi::TensorView pool, t
   int32_t p = static_cast<int32_t>(pages.shape()[1]);
   float s = @SCALE@f;
   ninfer_cuda::launch("@SPLIT@", @NS@, static_cast<unsigned>(pool.shape()[3]), static_cast<unsigned>(b),
-                      {&qp, &kv, &pp, &lp, &wp, &p, &s}, q.device().device_id);
+                      {&qp, &kv, &pp, &lp, &wp, &p, &s}, q.device().device_id, /*pdl=*/true);
 }
 
 void attention_decode_combine(tvm::ffi::TensorView ws, tvm::ffi::TensorView lens, tvm::ffi::TensorView o) {
@@ -267,7 +276,7 @@ void attention_decode_combine(tvm::ffi::TensorView ws, tvm::ffi::TensorView lens
   uint64_t lp = reinterpret_cast<uint64_t>(ninfer_cuda::address(lens));
   uint64_t op = ninfer_cuda::pointer(o, "output");
   ninfer_cuda::launch("@COMBINE@", static_cast<unsigned>(o.shape()[2]), static_cast<unsigned>(b), 1,
-                      {&wp, &lp, &op}, o.device().device_id);
+                      {&wp, &lp, &op}, o.device().device_id, /*pdl=*/true);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 if TYPE_CHECKING:
     from tvm.relax.frontend import nn
@@ -34,8 +35,11 @@ ARCHS = ("sm_90a", "sm_120a", "sm_121a")
 def prologue_kernel(q_raw, k_raw, v_raw, q_w, k_w, pos, inv_freq, pool, pages, lens, q_out,
                     layer, n_tok, batch, max_pages, num_pages, eps,
                     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
-                    R: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr):
+                    R: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr, PDL: tl.constexpr = False):
     """Program (i, h): token i of the `[B, T]` block; head h < HQ is a query head, else a KV head."""
+    if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
+        gdc_wait()
+        gdc_launch_dependents()
     i = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     b = i // n_tok
@@ -97,7 +101,7 @@ def image(hq: int, hkv: int, d: int, page_size: int, rotary_dim: int, sections: 
                    "pages": "*i32", "lens": "*i32", "q_out": "*bf16", "layer": "i32", "n_tok": "i32",
                    "batch": "i32", "max_pages": "i32", "num_pages": "i32", "eps": "fp32"},
         constants={"HQ": hq, "HKV": hkv, "D": d, "PS": page_size, "R": rotary_dim, "S_H": sections[1],
-                   "S_W": sections[2]},
+                   "S_W": sections[2], "PDL": True},
         arch=arch, num_warps=2 if d <= 128 else 4, num_stages=1,
     )
 
@@ -134,7 +138,7 @@ tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor> prologue(
   ninfer_cuda::launch(@KERNEL@, static_cast<unsigned>(batch * n_tok), @HQ@ + @HKV@, 1,
                       {&p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8], &p[9], &p[10],
                        &layer32, &n32, &b32, &max_pages, &num_pages, &eps32},
-                      q.device().device_id);
+                      q.device().device_id, /*pdl=*/true);
   return tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor>(q_out, pool);
 }
 }  // namespace

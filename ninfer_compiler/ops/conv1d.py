@@ -15,6 +15,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 from tvm.script import tirx as T
 
+from . import conv1d_decode
 from .common import SCHEDULED_ATTRS, dtype_tag, i32, kernel_flavor, placeholder_like
 from .conv1d_gpu import causal_conv1d_gpu_func
 
@@ -83,6 +84,8 @@ def causal_conv1d_with_state(
 
     Returns `(y [B, T, C], conv_state)`; the second is the in-place-updated state tensor.
     """
+    if conv1d_decode.supported(x, weight, conv_state):  # decode on CUDA: the PDL-chained Triton kernel
+        return conv1d_decode.conv1d_decode(x, weight, conv_state, slot_ids, seq_lens, layer)
     channels = int(x.shape[-1])
     kernel = int(weight.shape[0])
     flavor = kernel_flavor()

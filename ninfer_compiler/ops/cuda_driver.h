@@ -17,9 +17,13 @@
 #include <tvm/ffi/container/tuple.h>
 #include <tvm/ffi/function.h>
 
+#include <stdlib.h>
+
 #include <cstring>
 #include <initializer_list>
 #include <mutex>
+
+// cuda_launch.h (cuLaunchKernelEx's structs) is prepended by the build (ops/cuda_extern.py).
 
 // Everything is internal to the translation unit (an anonymous namespace): a package links one
 // such launcher per extern, each with its own image table.
@@ -49,6 +53,7 @@ struct Driver {
   CUresult (*func_set_attribute)(CUfunction, int, int);
   CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                      CUstream, void**, void**);
+  CUresult (*launch_ex)(const ninfer_launch::LaunchConfig*, CUfunction, void**, void**);
 };
 
 inline const Driver& driver() {
@@ -63,8 +68,9 @@ inline const Driver& driver() {
     out.func_set_attribute =
         reinterpret_cast<decltype(out.func_set_attribute)>(dlsym(lib, "cuFuncSetAttribute"));
     out.launch = reinterpret_cast<decltype(out.launch)>(dlsym(lib, "cuLaunchKernel"));
+    out.launch_ex = reinterpret_cast<decltype(out.launch_ex)>(dlsym(lib, "cuLaunchKernelEx"));
     TVM_FFI_ICHECK(out.ctx_get_current && out.module_load_data && out.module_get_function &&
-                   out.func_set_attribute && out.launch)
+                   out.func_set_attribute && out.launch && out.launch_ex)
         << "ninfer_cuda: libcuda.so.1 lacks a driver symbol";
     return out;
   }();
@@ -134,12 +140,24 @@ inline const Kernel& kernel(const char* name) {
   return slot->k[index];
 }
 
+// Programmatic Dependent Launch (sm_90 and later) for the launches that ask for it, unless
+// NINFER_PDL=0 (the decode GEMVs read the same variable): such a kernel may start while the previous
+// kernel of the stream still runs, so it must wait for it (`griddepcontrol.wait`, Triton's
+// `gdc_wait`) before touching any memory; it then lets the next launch start early in turn.
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = getenv("NINFER_PDL");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+
 // Launches `name` on TVM's stream for `device_id`. `args` point at the kernel's parameter values
 // in order (as cuLaunchKernel takes them); the two scratch pointers that Triton appends to every
 // kernel are passed as null (images with scratch needs are refused at build time). Empty grids
-// are skipped.
+// are skipped. `pdl`: the kernel waits for its predecessor itself (see `pdl_enabled`).
 inline void launch(const char* name, unsigned gx, unsigned gy, unsigned gz, std::initializer_list<void*> args,
-                   int device_id) {
+                   int device_id, bool pdl = false) {
   if (gx == 0 || gy == 0 || gz == 0) return;
   const Kernel& k = kernel(name);
   static uint64_t null_scratch = 0;
@@ -150,7 +168,14 @@ inline void launch(const char* name, unsigned gx, unsigned gy, unsigned gz, std:
   params[n++] = &null_scratch;
   params[n++] = &null_scratch;
   CUstream stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
-  CUresult rc = driver().launch(k.fn, gx, gy, gz, k.threads, 1, 1, k.shared, stream, params, nullptr);
+  CUresult rc = 0;
+  if (pdl && pdl_enabled()) {
+    ninfer_launch::LaunchAttr attr = ninfer_launch::programmatic_serialization();
+    const ninfer_launch::LaunchConfig cfg{gx, gy, gz, k.threads, 1, 1, k.shared, stream, &attr, 1u};
+    rc = driver().launch_ex(&cfg, k.fn, params, nullptr);
+  } else {
+    rc = driver().launch(k.fn, gx, gy, gz, k.threads, 1, 1, k.shared, stream, params, nullptr);
+  }
   TVM_FFI_ICHECK(rc == 0) << "ninfer_cuda: launch of " << name << " failed with " << rc;
 }
 

@@ -18,6 +18,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn.exporter import Exporter
 
 HEADER = Path(__file__).resolve().parent / "cuda_driver.h"
+LAUNCH_HEADER = Path(__file__).resolve().parent / "cuda_launch.h"  # cuLaunchKernelEx's structs
 INCLUDE_LINE = '#include "ninfer_cuda.h"'
 
 
@@ -90,7 +91,7 @@ def fill_launcher(template: str, values: dict[str, object]) -> str:
 
 def host_source(launcher: str, images: Sequence[Image] | dict[str, Image]) -> str:
     """The whole translation unit: driver header, image table, the extern's launcher."""
-    return (HEADER.read_text() + "\n" + image_table(images) + "\n"
+    return (LAUNCH_HEADER.read_text() + "\n" + HEADER.read_text() + "\n" + image_table(images) + "\n"
             + launcher.replace(INCLUDE_LINE, "// (ninfer_cuda.h is prepended by the build)"))
 
 

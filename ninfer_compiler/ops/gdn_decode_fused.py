@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
@@ -33,8 +34,12 @@ L2_EPS = 1e-6
 def gdn_decode_kernel(mixed, a_in, b_in, a_log, dt_bias, z, norm_w, state, slots, lens, out,
                       layer, num_slots, eps,
                       HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                      Q_SCALE: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_T: tl.constexpr):
+                      Q_SCALE: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_T: tl.constexpr,
+                      PDL: tl.constexpr = False):
     """Program (b, j): value head j of sequence b; state slice [DK, DV] in registers."""
+    if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
+        gdc_wait()
+        gdc_launch_dependents()
     b = tl.program_id(0)
     j = tl.program_id(1)
     C: tl.constexpr = 2 * HK * DK + HV * DV
@@ -85,7 +90,7 @@ def image(hk: int, hv: int, dk: int, dv: int, w_dtype: str, gate_param_dtype: st
                    "state": "*fp32", "slots": "*i32", "lens": "*i32", "out": "*bf16", "layer": "i32",
                    "num_slots": "i32", "eps": "fp32"},
         constants={"HK": hk, "HV": hv, "DK": dk, "DV": dv, "Q_SCALE": dk**-0.5, "L2_EPS": L2_EPS,
-                   "SOFTPLUS_T": SOFTPLUS_THRESHOLD},
+                   "SOFTPLUS_T": SOFTPLUS_THRESHOLD, "PDL": True},
         arch=arch, num_warps=8, num_stages=1,
     )
 
@@ -115,7 +120,7 @@ tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor> gdn_decode(
   ninfer_cuda::launch(@KERNEL@, static_cast<unsigned>(batch), @HV@, 1,
                       {&p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8], &p[9], &p[10],
                        &layer32, &num_slots, &eps32},
-                      mixed.device().device_id);
+                      mixed.device().device_id, /*pdl=*/true);
   return tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor>(out, state);
 }
 }  // namespace

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 if TYPE_CHECKING:
     from tvm.relax.frontend import nn
@@ -28,8 +29,12 @@ PARTIAL_SYMBOL, COMBINE_SYMBOL = "ninfer_greedy_partial", "ninfer_greedy_combine
 
 
 @triton.jit
-def partial_kernel(logits, ws_max, ws_idx, ws_sum, vocab, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+def partial_kernel(logits, ws_max, ws_idx, ws_sum, vocab, SPLITS: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr = False):
     """Program (row, s): the max, the lowest index holding it, and sum(exp(x - max)) of slice s."""
+    if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     span = tl.cdiv(tl.cdiv(vocab, SPLITS), BLOCK) * BLOCK
@@ -56,8 +61,11 @@ def partial_kernel(logits, ws_max, ws_idx, ws_sum, vocab, SPLITS: tl.constexpr, 
 
 
 @triton.jit
-def combine_kernel(ws_max, ws_idx, ws_sum, token, logprob, SPLITS: tl.constexpr):
+def combine_kernel(ws_max, ws_idx, ws_sum, token, logprob, SPLITS: tl.constexpr, PDL: tl.constexpr = False):
     """Program (row): the row's token and log-probability from its slices' partials."""
+    if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     r = tl.arange(0, SPLITS)
     m = tl.load(ws_max + row * SPLITS + r)
@@ -76,11 +84,11 @@ def images(arch: str) -> tuple[KernelImage, KernelImage]:
     partial = compile_kernel(
         partial_kernel,
         signature={"logits": "*fp32", "ws_max": "*fp32", "ws_idx": "*i32", "ws_sum": "*fp32", "vocab": "i32"},
-        constants={"SPLITS": SPLITS, "BLOCK": BLOCK}, arch=arch, num_warps=4, num_stages=2)
+        constants={"SPLITS": SPLITS, "BLOCK": BLOCK, "PDL": True}, arch=arch, num_warps=4, num_stages=2)
     combine = compile_kernel(
         combine_kernel,
         signature={"ws_max": "*fp32", "ws_idx": "*i32", "ws_sum": "*fp32", "token": "*i32", "logprob": "*fp32"},
-        constants={"SPLITS": SPLITS}, arch=arch, num_warps=1, num_stages=1)
+        constants={"SPLITS": SPLITS, "PDL": True}, arch=arch, num_warps=1, num_stages=1)
     return partial, combine
 
 
@@ -105,8 +113,8 @@ void greedy(TensorView logits, TensorView ws_max, TensorView ws_idx, TensorView 
   uint64_t pp = reinterpret_cast<uint64_t>(ninfer_cuda::address(logprob));
   int32_t vocab = static_cast<int32_t>(logits.shape()[1]);
   const int dev = logits.device().device_id;
-  ninfer_cuda::launch(@PARTIAL@, static_cast<unsigned>(rows), @SPLITS@, 1, {&lp, &mp, &ip, &sp, &vocab}, dev);
-  ninfer_cuda::launch(@COMBINE@, static_cast<unsigned>(rows), 1, 1, {&mp, &ip, &sp, &tp, &pp}, dev);
+  ninfer_cuda::launch(@PARTIAL@, static_cast<unsigned>(rows), @SPLITS@, 1, {&lp, &mp, &ip, &sp, &vocab}, dev, true);
+  ninfer_cuda::launch(@COMBINE@, static_cast<unsigned>(rows), 1, 1, {&mp, &ip, &sp, &tp, &pp}, dev, true);
 }
 }  // namespace
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(@SYMBOL@, greedy);

@@ -9,6 +9,10 @@ bit for bit (`ninfer synth` output, including its artifact_id, is a function of 
     # GPU machine, repository + .cache/ninfer/perf-27b copied over:
     python3 tests/gpu/bench_27b.py run --out $OUT
 
+`prepare --baseline REV` also compiles the groupwise-int package from git revision REV's compiler
+(a worktree) into `pkg-baseline`; `run` then benches it in the same session (decode at 1 and 8
+requests, right after the groupwise-int package), for an A/B of a change on the same machine.
+
 `run` first measures the two ceilings in the same run (device copy bandwidth through TVM, and the
 bf16 matrix rate with torch on random data, CUDA-event timed), rebuilds the synthetic artifact,
 loads the h200 package with TVM's runtime only, and runs `ninfer bench`'s measurement: prefill of
@@ -42,7 +46,25 @@ def package_dir(recipe: str) -> Path:
     return STAGE / ("pkg" if recipe == "groupwise-int" else f"pkg-{recipe}")
 
 
-def prepare(folder: Path, recipes: list[str]) -> None:
+BASELINE = STAGE / "pkg-baseline"
+
+
+def _compile_baseline(artifact: Path, rev: str) -> None:
+    """The groupwise-int package as git revision `rev`'s compiler builds it (a worktree of it on
+    PYTHONPATH ahead of this checkout; kernels come from the shared content-addressed cache)."""
+    tree = Path("/tmp") / f"ninfer-baseline-{rev}"
+    if not tree.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev], check=True)
+    code = ("from pathlib import Path; from ninfer_compiler.compile import CompileOptions, compile_artifact; "
+            f"compile_artifact(Path('{artifact}'), Path('{BASELINE}'), CompileOptions(target='h200', "
+            f"max_context={MAX_CONTEXT}, prefill_chunk={PREFILL_CHUNK}, max_batch=8))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tree), check=True)
+    print(f"baseline {rev}: compiled in {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def prepare(folder: Path, recipes: list[str], baseline: str | None = None) -> None:
     sys.path.insert(0, str(ROOT / "tests" / "gpu"))
     from check_h200_tiny import _stage_runtime
 
@@ -62,6 +84,8 @@ def prepare(folder: Path, recipes: list[str]) -> None:
         report = compile_artifact(artifact, package_dir(recipe), CompileOptions(
             target="h200", max_context=MAX_CONTEXT, prefill_chunk=PREFILL_CHUNK, max_batch=8))
         print(f"{recipe}: compiled in {time.perf_counter() - start:.1f} s: {report.stage_seconds}", flush=True)
+    if baseline:
+        _compile_baseline(artifact_path(folder, "groupwise-int"), baseline)
     _stage_runtime(STAGE)
     print(f"staged {STAGE}")
 
@@ -143,6 +167,14 @@ def run_inner(out: Path) -> int:
         results[recipe] = entry
         (out / "results.json").write_text(json.dumps(results, indent=1))
         del runner
+        if recipe == "groupwise-int" and (BASELINE / "manifest.json").exists():
+            runner = ModelRunner(BASELINE, artifact=artifact_path(Path("/tmp"), recipe),
+                                 options=RunnerOptions(max_active=8, context_bytes=24 << 30))
+            report = run_bench(runner, prompt_len=PROMPT_LEN, decode_tokens=32, concurrency=[1, 8], repeats=3)
+            results["baseline"] = {"bench": report.as_json()}
+            print(f"== baseline ({recipe})\n{report.table()}", flush=True)
+            (out / "results.json").write_text(json.dumps(results, indent=1))
+            del runner
     return 0
 
 
@@ -155,10 +187,11 @@ def main() -> int:
     parser.add_argument("step", choices=["prepare", "run", "run-inner"])
     parser.add_argument("--folder", type=Path, default=Path("/tmp/perf"), help="prepare: where the artifacts are written")
     parser.add_argument("--recipes", default=",".join(RECIPES), help="prepare: comma-separated recipes")
+    parser.add_argument("--baseline", help="prepare: also build the groupwise-int package from this git revision")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/perf-out")))
     args = parser.parse_args()
     if args.step == "prepare":
-        prepare(args.folder, args.recipes.split(","))
+        prepare(args.folder, args.recipes.split(","), args.baseline)
         return 0
     if args.step == "run":
         return run_outer(args.out)
