@@ -139,6 +139,7 @@ def _combine_kernel(
     ws_ptr,  # [B, Hq * NS * (D + 1)] fp32
     lens_ptr,  # [B] int32
     o_ptr,  # [B, 1, Hq, D] bf16
+    gate_ptr,  # GATED: [B, 1, Hq * D] bf16, the output is o * sigmoid(gate) (else unused)
     HQ: tl.constexpr,
     HKV: tl.constexpr,
     D: tl.constexpr,
@@ -147,6 +148,7 @@ def _combine_kernel(
     TARGET: tl.constexpr,
     CHUNK: tl.constexpr,
     PDL: tl.constexpr = False,
+    GATED: tl.constexpr = False,
 ):
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
         gdc_wait()
@@ -172,12 +174,15 @@ def _combine_kernel(
         den = den * alpha + w
         m = m_new
     out = tl.sum(acc, 0) / tl.sum(den, 0)
+    if GATED:  # as the unfused `o * sigmoid(gate)` on the bf16 attention output
+        g = tl.load(gate_ptr + (b * HQ + h) * D + cols).to(tl.float32)
+        out = out.to(tl.bfloat16).to(tl.float32) * (1.0 / (1.0 + tl.exp(-g)))
     tl.store(o_ptr + (b * HQ + h) * D + cols, out.to(o_ptr.dtype.element_ty))
 
 
 def launch_torch(q, kv_layer, page_table, seq_lens, sm_scale: float, ws=None, o=None, *, splits: int = MAX_SPLITS,
                  target: int = TARGET, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
-                 num_stages: int = NUM_STAGES, interpret: bool = False):
+                 num_stages: int = NUM_STAGES, interpret: bool = False, gate=None):
     """Run both kernels on torch tensors (Triton JIT); `kv_layer` is `kv_pool[layer]`.
 
     The standalone path of the GPU check and, with `interpret` (Triton's CPU interpreter on CPU
@@ -203,8 +208,9 @@ def launch_torch(q, kv_layer, page_table, seq_lens, sm_scale: float, ws=None, o=
         q, kv_layer, page_table, seq_lens, ws, page_table.shape[1], sm_scale * LOG2E,
         HQ=hq, HKV=hkv, D=d, PS=ps, NS=splits, BLOCK_N=block_n, ROWS=ROWS, TARGET=target,
         num_warps=num_warps, num_stages=num_stages)
-    combine_kernel[(hq, b)](ws, seq_lens, o, HQ=hq, HKV=hkv, D=d, NS=splits, BLOCK_N=block_n, TARGET=target,
-                             CHUNK=COMBINE_CHUNK, num_warps=4, num_stages=1)
+    combine_kernel[(hq, b)](ws, seq_lens, o, o if gate is None else gate, HQ=hq, HKV=hkv, D=d, NS=splits,
+                             BLOCK_N=block_n, TARGET=target, CHUNK=COMBINE_CHUNK, GATED=gate is not None,
+                             num_warps=4, num_stages=1)
     return o, ws
 
 
@@ -222,8 +228,9 @@ def _check_shapes(hq: int, hkv: int, d: int, page_size: int) -> None:
         raise ValueError(f"attention_decode: page size {page_size} does not divide {BLOCK_N}")
 
 
-def images(arch: str, hq: int, hkv: int, d: int, page_size: int) -> list[KernelImage]:
-    """AOT images (split, combine) for one shape and arch; cached on disk by `triton_aot`."""
+def images(arch: str, hq: int, hkv: int, d: int, page_size: int, gated: bool = False) -> list[KernelImage]:
+    """AOT images (split, combine) for one shape and arch; cached on disk by `triton_aot`
+    (`gated`: the combine multiplies by the sigmoid of the output gate)."""
     from .triton_aot import compile_kernel
 
     _check_shapes(hq, hkv, d, page_size)
@@ -236,9 +243,9 @@ def images(arch: str, hq: int, hkv: int, d: int, page_size: int) -> list[KernelI
         arch=arch, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     combine = compile_kernel(
         _combine_kernel,
-        signature={"ws_ptr": "*fp32", "lens_ptr": "*i32", "o_ptr": "*bf16"},
+        signature={"ws_ptr": "*fp32", "lens_ptr": "*i32", "o_ptr": "*bf16", "gate_ptr": "*bf16"},
         constants={"HQ": hq, "HKV": hkv, "D": d, "NS": MAX_SPLITS, "BLOCK_N": BLOCK_N, "TARGET": TARGET,
-                   "CHUNK": COMBINE_CHUNK, "PDL": True},
+                   "CHUNK": COMBINE_CHUNK, "PDL": True, "GATED": gated},
         arch=arch, num_warps=4, num_stages=1)
     return [split, combine]
 
@@ -276,21 +283,36 @@ void attention_decode_combine(tvm::ffi::TensorView ws, tvm::ffi::TensorView lens
   uint64_t lp = reinterpret_cast<uint64_t>(ninfer_cuda::address(lens));
   uint64_t op = ninfer_cuda::pointer(o, "output");
   ninfer_cuda::launch("@COMBINE@", static_cast<unsigned>(o.shape()[2]), static_cast<unsigned>(b), 1,
-                      {&wp, &lp, &op}, o.device().device_id, /*pdl=*/true);
+                      {&wp, &lp, &op, &op}, o.device().device_id, /*pdl=*/true);
+}
+
+// The gated form (an image built with GATED): o = attention * sigmoid(gate), o [B, 1, Hq * D].
+void attention_decode_combine_gated(tvm::ffi::TensorView ws, tvm::ffi::TensorView lens, tvm::ffi::TensorView gate,
+                                    tvm::ffi::TensorView o) {
+  const int64_t b = o.shape()[0];
+  TVM_FFI_ICHECK(gate.numel() == o.numel() && gate.dtype().code == kDLBfloat) << "attention_decode: gate shape";
+  uint64_t wp = ninfer_cuda::pointer(ws, "workspace");
+  uint64_t lp = reinterpret_cast<uint64_t>(ninfer_cuda::address(lens));
+  uint64_t gp = ninfer_cuda::pointer(gate, "gate");
+  uint64_t op = ninfer_cuda::pointer(o, "output");
+  ninfer_cuda::launch("@COMBINE@", @HQ@u, static_cast<unsigned>(b), 1, {&wp, &lp, &op, &gp}, o.device().device_id,
+                      /*pdl=*/true);
 }
 
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(@SPLIT_SYMBOL@, attention_decode_split);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(@COMBINE_SYMBOL@, attention_decode_combine);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(@COMBINE_SYMBOL@, @COMBINE_FN@);
 """
 
 
-def host_source(tag: str, split_name: str, combine_name: str, scale_log2: float) -> str:
+def host_source(tag: str, split_name: str, combine_name: str, scale_log2: float, hq: int = 0,
+                gated: bool = False) -> str:
     """The C++ launcher for the two images; exported symbols carry `tag` (one extern per shape)."""
     fields = {"@SPLIT_SYMBOL@": f"{SPLIT_SYMBOL}_{tag}", "@COMBINE_SYMBOL@": f"{COMBINE_SYMBOL}_{tag}",
               "@SPLIT@": split_name, "@COMBINE@": combine_name, "@NS@": str(MAX_SPLITS),
-              "@SCALE@": repr(float(scale_log2))}
+              "@SCALE@": repr(float(scale_log2)), "@HQ@": str(hq),
+              "@COMBINE_FN@": "attention_decode_combine_gated" if gated else "attention_decode_combine"}
     from .cuda_extern import fill_launcher
 
     return fill_launcher(HOST_SOURCE, fields)
@@ -323,8 +345,10 @@ def paged_attention_decode(
     layer: int,
     page_size: int,
     sm_scale: float | None = None,
+    gate: nn.Tensor | None = None,
 ) -> nn.Tensor:
-    """`paged_attention` for `q [B, 1, Hq, D]` through the split-KV Triton kernels; `[B, 1, Hq, D]`."""
+    """`paged_attention` for `q [B, 1, Hq, D]` through the split-KV Triton kernels; `[B, 1, Hq, D]`,
+    or with `gate [B, 1, Hq * D]` the gated output `attention * sigmoid(gate)` as `[B, 1, Hq * D]`."""
     import tvm
     from tvm.relax.frontend import nn
 
@@ -334,24 +358,25 @@ def paged_attention_decode(
     hkv = int(kv_pool.shape[3])
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     arch = str(tvm.target.Target.current().arch)
-    split, combine = images(arch, hq, hkv, d, page_size)
+    gated = gate is not None
+    split, combine = images(arch, hq, hkv, d, page_size, gated)
 
     def infer_split(q, pool, pages, lens, layer):
         return nn.Tensor.placeholder([q.shape[0], workspace_width(hq, d)], "float32")
 
-    def infer_combine(ws, lens):
-        return nn.Tensor.placeholder([ws.shape[0], 1, hq, d], "bfloat16")
+    def infer_combine(ws, lens, *gate):
+        return nn.Tensor.placeholder([ws.shape[0], 1, hq * d] if gated else [ws.shape[0], 1, hq, d], "bfloat16")
 
-    tag = f"q{hq}_kv{hkv}_d{d}_p{page_size}_s{scale_tag(scale)}"
+    tag = f"q{hq}_kv{hkv}_d{d}_p{page_size}_s{scale_tag(scale)}" + ("_gated" if gated else "")
     split_symbol, combine_symbol = f"{SPLIT_SYMBOL}_{tag}", f"{COMBINE_SYMBOL}_{tag}"
     module = extern(
         f"attention_decode_{arch}_{tag}",
         {split_symbol: infer_split, combine_symbol: infer_combine},
-        host_source(tag, split.name, combine.name, scale * LOG2E),
+        host_source(tag, split.name, combine.name, scale * LOG2E, hq, gated),
         [split, combine],
     )
     ws = module[split_symbol](q, kv_pool, page_table, seq_lens, int(layer))
-    return module[combine_symbol](ws, seq_lens)
+    return module[combine_symbol](ws, seq_lens, gate) if gated else module[combine_symbol](ws, seq_lens)
 
 
 def scale_tag(scale: float) -> str:

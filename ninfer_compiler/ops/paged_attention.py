@@ -187,5 +187,25 @@ def paged_attention(
     )
 
 
+def gated_paged_attention(
+    q: nn.Tensor,
+    kv_pool: nn.Tensor,
+    page_table: nn.Tensor,
+    seq_lens: nn.Tensor,
+    layer: int,
+    page_size: int,
+    gate: nn.Tensor,
+) -> nn.Tensor:
+    """`paged_attention(q, ...)` as `[B, T, Hq * D]`, times `sigmoid(gate [B, T, Hq * D])`.
+
+    Decode on CUDA applies the gate in the attention's last kernel (`attention_decode`'s gated
+    combine: one launch fewer per layer, and no TVM kernel between the PDL-chained launches)."""
+    b, t, hq, d = q.shape[0], q.shape[1], int(q.shape[2]), int(q.shape[3])
+    if kernel_flavor() == "gpu" and tuned_cuda_kernels() and attention_decode.supported(q, kv_pool, page_size):
+        return attention_decode.paged_attention_decode(q, kv_pool, page_table, seq_lens, layer, page_size, gate=gate)
+    o = paged_attention(q, kv_pool, page_table, seq_lens, layer, page_size)
+    return op.reshape(o, [b, t, hq * d]) * op.sigmoid(gate)
+
+
 def _suffix(flavor: str) -> str:
     return "" if flavor == "cpu" else "_gpu"

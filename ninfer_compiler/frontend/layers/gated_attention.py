@@ -11,7 +11,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 from ...ops import attention_prologue, fused_linear
-from ...ops.paged_attention import kv_append, paged_attention
+from ...ops.paged_attention import gated_paged_attention, kv_append
 from ..options import WeightPlan
 from .linear import make_linear
 from .norms import OffsetRMSNorm
@@ -78,6 +78,5 @@ class GatedAttention(nn.Module):
             q = self.rope(self.query_norm(q), positions)
             k = self.rope(self.key_norm(k), positions)
             kv_pool = kv_append(kv_pool, k, v, page_table, seq_lens, layer, page_size)
-        o = paged_attention(q, kv_pool, page_table, seq_lens, layer, page_size)
-        o = op.reshape(o, [b, t, self.num_heads * d]) * op.sigmoid(gate)
+        o = gated_paged_attention(q, kv_pool, page_table, seq_lens, layer, page_size, gate)
         return fused_linear.linear_add(o, self.output, residual), kv_pool

@@ -6,9 +6,9 @@ from .conftest import require_tool
 
 
 def test_model_decode_graph_captures_the_fused_step(tiny_artifact):
-    """In a whole Qwen3.5 h200 export, decode's CUDA graph holds the fused GDN step, the attention
-    prologue and the split-KV attention, prefill uses only the prologue of them, and
-    reference-kernel exports use none."""
+    """In a whole Qwen3.5 h200 export, decode's CUDA graph holds the fused GDN step, the decode
+    convolution, the attention prologue and the split-KV attention with its gated combine, prefill
+    uses only the prologue of them, and reference-kernel exports use none."""
     import tvm
 
     from ninfer_compiler.build import export_module
@@ -45,6 +45,10 @@ def test_model_decode_graph_captures_the_fused_step(tiny_artifact):
     # q/k norms, MRoPE and the KV append run as one kernel in both, none of the unfused kernels remain
     assert "ninfer_attention_prologue" in captured and "ninfer_attention_prologue" in prefill
     assert "kv_append" not in captured and "mrope" not in captured and "mrope" not in prefill
+    # the GDN short convolution and the attention output gate run in PDL-chained kernels, not TVM's
+    assert "ninfer_conv1d_decode" in captured and "causal_conv1d" not in captured
+    assert "ninfer_attention_decode_combine_" in captured and "_gated" in captured and "sigmoid" not in captured
+    assert "causal_conv1d" in prefill and "ninfer_conv1d_decode" not in prefill
     # each row's greedy choice is made on the device, after the head
     assert "ninfer_greedy_choice" in mod["decode_graph"].script() and "ninfer_greedy" not in prefill
     with ttarget, reference_kernels():

@@ -88,3 +88,17 @@ def test_split_plan_matches_kernels():
     o, ws = ad.launch_torch(q, pool[1], table, lens, 0.2, ws, splits=16, interpret=True)
     assert torch.isfinite(o).all()
     assert torch.isnan(ws[0, HQ * 16 * D + 1 : HQ * 16 * D + 16]).all()  # head 0, splits 1.. untouched
+
+
+def test_gated_combine_multiplies_by_the_sigmoid_of_the_gate():
+    """GATED: the combine's output is the (bf16-rounded) attention times sigmoid(gate), per element."""
+    pool, table, lens, q = _case([70, 5, 130], torch.float32, seed=7)
+    gate = torch.randn((3, 1, HQ * D), generator=torch.Generator().manual_seed(8)) * 3
+    plain, _ = ad.launch_torch(q, pool[1], table, lens, 0.125, interpret=True, splits=8)
+    gated = torch.full((3, 1, HQ * D), float("nan"))
+    ad.launch_torch(q, pool[1], table, lens, 0.125, o=gated, interpret=True, splits=8, gate=gate)
+    want = plain.reshape(3, 1, HQ * D).double() * torch.sigmoid(gate.double())
+    assert torch.isfinite(gated).all()
+    # the attention output is rounded to bf16 before the gate (as the unfused bf16 graph stores it)
+    assert (gated.double() - want).abs().max().item() <= 8e-3 * want.abs().max().item()
+    assert (gated.double() - want).abs().max().item() > 0  # the rounding happened: not the fp32 product

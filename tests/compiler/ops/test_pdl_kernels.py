@@ -33,6 +33,7 @@ def _images(arch: str) -> dict[str, object]:
     return {
         "attention split": split,
         "attention combine": combine,
+        "attention combine, gated": attention_decode.images(arch, 24, 4, 256, 16, gated=True)[1],
         "attention prologue": attention_prologue.image(24, 4, 256, 16, 64, (11, 11, 10), "bfloat16", "bfloat16", arch),
         "gdn decode": gdn_decode_fused.image(16, 48, 128, 128, "bfloat16", "float32", arch),
         "conv1d decode": conv1d_decode.image(10240, 4, "bfloat16", arch),
