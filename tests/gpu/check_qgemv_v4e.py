@@ -11,7 +11,7 @@
 (`ninfer_qgemv4e_q*_{plain,add,swiglu}`, the `V4Epi` parameter passed by value as a numpy structured
 scalar) at the launcher's geometry (`qgemv_host.cc`: K split, warps per block, shared memory) on the
 27B decode projections: numerics at batch 1..8 against float64 numpy (NaN-poisoned outputs, rows
-subset for N > 4,096), then per-launch time at batch 1 and 8 inside a CUDA graph, rotating over
+subset for N > 4,096), then per-launch time at batch 1, 2, 4 and 8 inside a CUDA graph, rotating over
 weight copies so that L2 cannot hold them, against the read / copy bandwidth measured in the run.
 It prints a table last and writes `qgemv_v4e.json`.
 """
@@ -107,10 +107,10 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
     bwmod = cp.RawModule(path=str(FATBINS / "bw_sm_90a.fatbin"))
     cache: dict = {}
 
-    def function(tag: str, name: str, smem: int):
+    def function(tag: str, name: str, bits: int):
         if (tag, name) not in cache:
             fn = mods[tag].get_function(name)
-            fn.max_dynamic_shared_size_bytes = smem
+            fn.max_dynamic_shared_size_bytes = 8 * STAGES[bits] * _v4_stage_bytes(bits)  # 8 warps: the most
             cache[(tag, name)] = fn
         return cache[(tag, name)]
 
@@ -142,14 +142,15 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
         smem = warps * STAGES[bits] * _v4_stage_bytes(bits)
         entry = f"ninfer_qgemv4e_q{bits}_{mode}"
 
-        def launch(tag, ws, x, y, b, residual=None, entry=entry, grid=grid, warps=warps, ks=ks, smem=smem, n=n, k=k):
+        def launch(tag, ws, x, y, b, residual=None, entry=entry, grid=grid, warps=warps, ks=ks, smem=smem, n=n, k=k,
+                   bits=bits):
             epi = np.zeros((), dtype=EPI)
             epi["y_stride"] = n
             if len(ws) == 2:
                 epi["up_base"], epi["up_high"], epi["up_scales"] = (int(a.data.ptr) for a in ws[1])
             if residual is not None:
                 epi["residual"] = int(residual.data.ptr)
-            function(tag, entry, smem)((grid,), (warps * 32,),
+            function(tag, entry, bits)((grid,), (warps * 32,),
                                        (x, *ws[0], y, u32(n), u32(k), u32(b), u32(ks), epi[()]), shared_mem=smem)
 
         for b in range(1, 9):
@@ -177,7 +178,7 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
                 err = err if np.isfinite(err) else float("inf")
                 ok &= err <= 1e-2
                 errors.append((name, tag, b, err))
-        for b in (1, 8):
+        for b in (1, 2, 4, 8):
             x = cp.asarray((rng.standard_normal((b, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
             residual = cp.asarray((rng.standard_normal((b, n)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
             y = cp.zeros((b, n), dtype=cp.uint16)

@@ -153,18 +153,62 @@ def _cuobjdump() -> Path:
 
 def loop_local_accesses(sass: str) -> dict[str, list[str]]:
     """Per function of a `cuobjdump -sass` listing: its local-memory instructions (LDL / STL) that
-    lie inside a loop (between a backward branch and its target)."""
+    lie inside a natural loop (blocks that reach a back edge's source without passing its header,
+    a back edge being a branch to a block that dominates it). Out-of-line blocks that branch back
+    to the main path (divergence fallbacks, barrier retries) are no loops by this definition."""
     out = {}
     parts = re.split(r"\n\s+Function : (\w+)\n", sass)
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", body)]
-        loops = []
-        for off, text in ins:
-            target = re.search(r"\bBRA\b[^;]*?0x([0-9a-f]+)", text)
-            if target and int(target.group(1), 16) < off:
-                loops.append((int(target.group(1), 16), off))
-        out[name] = [text.strip() for off, text in ins
-                     if re.search(r"\b(LDL|STL)\b", text) and any(a <= off <= b for a, b in loops)]
+        ins = [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", body)]
+        index = {off: i for i, (off, _) in enumerate(ins)}
+        targets = {}
+        for i, (_, text) in enumerate(ins):
+            t = re.search(r"\bBRA(?:\.[\w.]+)?\s+(?:\w+,\s*)?(?:`\()?0x([0-9a-f]+)", text)
+            if t and int(t.group(1), 16) in index:
+                targets[i] = index[int(t.group(1), 16)]
+        starts = sorted({0, *targets.values(), *(i + 1 for i in targets if i + 1 < len(ins)),
+                         *(i + 1 for i, (_, t) in enumerate(ins) if re.match(r"(EXIT|RET)\b", t) and i + 1 < len(ins))})
+        block_of = {}
+        for b, first in enumerate(starts):
+            last = starts[b + 1] if b + 1 < len(starts) else len(ins)
+            for i in range(first, last):
+                block_of[i] = b
+        succ: dict[int, set[int]] = {b: set() for b in range(len(starts))}
+        for b in range(len(starts)):
+            last = (starts[b + 1] if b + 1 < len(starts) else len(ins)) - 1
+            text = ins[last][1]
+            unconditional = not text.startswith("@") or text.startswith("@PT ")
+            if last in targets:
+                succ[b].add(block_of[targets[last]])
+            ends = unconditional and re.match(r"(?:@PT )?(BRA(?!\.DIV)|EXIT|RET)\b", text)
+            if not ends and b + 1 < len(starts):
+                succ[b].add(b + 1)
+        pred: dict[int, set[int]] = {b: set() for b in succ}
+        for b, ss in succ.items():
+            for t in ss:
+                pred[t].add(b)
+        every = set(succ)
+        dom = {b: ({0} if b == 0 else set(every)) for b in succ}
+        changed = True
+        while changed:
+            changed = False
+            for b in range(1, len(starts)):
+                new = {b} | (set.intersection(*(dom[p] for p in pred[b])) if pred[b] else set())
+                if new != dom[b]:
+                    dom[b], changed = new, True
+        in_loop: set[int] = set()
+        for b, ss in succ.items():
+            for h in ss:
+                if h in dom[b]:  # back edge b -> h
+                    body, stack = {h, b}, ([b] if b != h else [])
+                    while stack:
+                        for p in pred[stack.pop()]:
+                            if p not in body:
+                                body.add(p)
+                                stack.append(p)
+                    in_loop |= body
+        out[name] = [text for i, (_, text) in enumerate(ins)
+                     if re.search(r"\b(LDL|STL)\b", text) and block_of[i] in in_loop]
     return out
 
 
@@ -210,6 +254,18 @@ def test_loop_local_accesses_finds_a_reload_in_a_loop():
         /*0060*/                   EXIT ;
 """
     assert loop_local_accesses(sass) == {"k": ["LDL R5, [R1]"]}
+    # an out-of-line retry that branches back to the main path is no loop; the store before it is outside
+    sass = """
+        Function : k
+        /*0000*/                   STL [R1], R5 ;
+        /*0010*/              @!P0 BRA 0x40 ;
+        /*0020*/                   LDL R6, [R1] ;
+        /*0030*/                   EXIT ;
+        /*0040*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R2], R3 ;
+        /*0050*/              @!P0 BRA 0x40 ;
+        /*0060*/                   BRA 0x20 ;
+"""
+    assert loop_local_accesses(sass) == {"k": []}
 
 
 def test_launcher_kernel_names_exist():
