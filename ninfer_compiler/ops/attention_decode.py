@@ -277,6 +277,7 @@ void attention_decode_split(tvm::ffi::TensorView q, tvm::ffi::TensorView pool, t
                       {&qp, &kv, &pp, &lp, &wp, &p, &s}, q.device().device_id, /*pdl=*/true);
 }
 
+#if !@GATED@
 void attention_decode_combine(tvm::ffi::TensorView ws, tvm::ffi::TensorView lens, tvm::ffi::TensorView o) {
   const int64_t b = o.shape()[0];
   uint64_t wp = ninfer_cuda::pointer(ws, "workspace");
@@ -286,9 +287,10 @@ void attention_decode_combine(tvm::ffi::TensorView ws, tvm::ffi::TensorView lens
                       {&wp, &lp, &op, &op}, o.device().device_id, /*pdl=*/true);
 }
 
+#else
 // The gated form (an image built with GATED): o = attention * sigmoid(gate), o [B, 1, Hq * D].
-void attention_decode_combine_gated(tvm::ffi::TensorView ws, tvm::ffi::TensorView lens, tvm::ffi::TensorView gate,
-                                    tvm::ffi::TensorView o) {
+void attention_decode_combine(tvm::ffi::TensorView ws, tvm::ffi::TensorView lens, tvm::ffi::TensorView gate,
+                              tvm::ffi::TensorView o) {
   const int64_t b = o.shape()[0];
   TVM_FFI_ICHECK(gate.numel() == o.numel() && gate.dtype().code == kDLBfloat) << "attention_decode: gate shape";
   uint64_t wp = ninfer_cuda::pointer(ws, "workspace");
@@ -298,21 +300,22 @@ void attention_decode_combine_gated(tvm::ffi::TensorView ws, tvm::ffi::TensorVie
   ninfer_cuda::launch("@COMBINE@", @HQ@u, static_cast<unsigned>(b), 1, {&wp, &lp, &op, &gp}, o.device().device_id,
                       /*pdl=*/true);
 }
+#endif
 
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(@SPLIT_SYMBOL@, attention_decode_split);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(@COMBINE_SYMBOL@, @COMBINE_FN@);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(@COMBINE_SYMBOL@, attention_decode_combine);
 """
 
 
-def host_source(tag: str, split_name: str, combine_name: str, scale_log2: float, hq: int = 0,
+def host_source(tag: str, split_name: str, combine_name: str, scale_log2: float, hq: int,
                 gated: bool = False) -> str:
     """The C++ launcher for the two images; exported symbols carry `tag` (one extern per shape)."""
     fields = {"@SPLIT_SYMBOL@": f"{SPLIT_SYMBOL}_{tag}", "@COMBINE_SYMBOL@": f"{COMBINE_SYMBOL}_{tag}",
               "@SPLIT@": split_name, "@COMBINE@": combine_name, "@NS@": str(MAX_SPLITS),
               "@SCALE@": repr(float(scale_log2)), "@HQ@": str(hq),
-              "@COMBINE_FN@": "attention_decode_combine_gated" if gated else "attention_decode_combine"}
+              "@GATED@": "1" if gated else "0"}
     from .cuda_extern import fill_launcher
 
     return fill_launcher(HOST_SOURCE, fields)

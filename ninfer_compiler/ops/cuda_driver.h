@@ -17,8 +17,6 @@
 #include <tvm/ffi/container/tuple.h>
 #include <tvm/ffi/function.h>
 
-#include <stdlib.h>
-
 #include <cstring>
 #include <initializer_list>
 #include <mutex>
@@ -140,22 +138,12 @@ inline const Kernel& kernel(const char* name) {
   return slot->k[index];
 }
 
-// Programmatic Dependent Launch (sm_90 and later) for the launches that ask for it, unless
-// NINFER_PDL=0 (the decode GEMVs read the same variable): such a kernel may start while the previous
-// kernel of the stream still runs, so it must wait for it (`griddepcontrol.wait`, Triton's
-// `gdc_wait`) before touching any memory; it then lets the next launch start early in turn.
-inline bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = getenv("NINFER_PDL");
-    return v == nullptr || v[0] != '0';
-  }();
-  return on;
-}
-
 // Launches `name` on TVM's stream for `device_id`. `args` point at the kernel's parameter values
 // in order (as cuLaunchKernel takes them); the two scratch pointers that Triton appends to every
 // kernel are passed as null (images with scratch needs are refused at build time). Empty grids
-// are skipped. `pdl`: the kernel waits for its predecessor itself (see `pdl_enabled`).
+// are skipped. `pdl`: launch with Programmatic Dependent Launch (sm_90 and later) unless NINFER_PDL=0
+// (`ninfer_launch::pdl_enabled`, shared with the decode GEMVs); the kernel must wait for its
+// predecessor itself before touching memory (Triton's `gdc_wait` first, tests/compiler/ops/test_pdl_kernels.py).
 inline void launch(const char* name, unsigned gx, unsigned gy, unsigned gz, std::initializer_list<void*> args,
                    int device_id, bool pdl = false) {
   if (gx == 0 || gy == 0 || gz == 0) return;
@@ -169,7 +157,7 @@ inline void launch(const char* name, unsigned gx, unsigned gy, unsigned gz, std:
   params[n++] = &null_scratch;
   CUstream stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
   CUresult rc = 0;
-  if (pdl && pdl_enabled()) {
+  if (pdl && ninfer_launch::pdl_enabled()) {
     ninfer_launch::LaunchAttr attr = ninfer_launch::programmatic_serialization();
     const ninfer_launch::LaunchConfig cfg{gx, gy, gz, k.threads, 1, 1, k.shared, stream, &attr, 1u};
     rc = driver().launch_ex(&cfg, k.fn, params, nullptr);

@@ -5,6 +5,8 @@
 #ifndef NINFER_CUDA_LAUNCH_H
 #define NINFER_CUDA_LAUNCH_H
 
+#include <stdlib.h>
+
 namespace ninfer_launch {
 
 struct LaunchAttr {
@@ -32,6 +34,17 @@ inline LaunchAttr programmatic_serialization() {
   attr.id = kAttrProgrammaticStreamSerialization;
   attr.v.value = 1;
   return attr;
+}
+
+// Whether launches that can take Programmatic Dependent Launch do (unless NINFER_PDL=0; read once).
+// Such a kernel may start while the previous kernel of the stream still runs, so it must wait for it
+// (`griddepcontrol.wait`; Triton's `gdc_wait`) before touching anything that kernel may write.
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = getenv("NINFER_PDL");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
 }
 
 }  // namespace ninfer_launch

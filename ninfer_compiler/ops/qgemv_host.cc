@@ -177,16 +177,10 @@ char* address(const tvm::ffi::TensorView& t) {
   return static_cast<char*>(t.data_ptr()) + t.byte_offset();
 }
 
-// Programmatic Dependent Launch for every launch unless NINFER_PDL=0 (read once; the 27B decode
-// step on the H200: 8.65 -> 8.27 ms, docs/kernels/decode-gemv-v4.md "v4.2"). The kernels wait for
-// the previous kernel before touching anything it may write (qgemv_cuda.cu, `pdl_wait`).
-bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = getenv("NINFER_PDL");
-    return v == nullptr || v[0] != '0';
-  }();
-  return on;
-}
+// Programmatic Dependent Launch for every launch unless NINFER_PDL=0 (`ninfer_launch::pdl_enabled`;
+// the 27B decode step on the H200: 8.65 -> 8.27 ms, docs/kernels/decode-gemv-v4.md "v4.2"). The
+// kernels wait for the previous kernel before touching anything it may write (qgemv_cuda.cu, `pdl_wait`).
+using ninfer_launch::pdl_enabled;
 
 #ifndef NINFER_GEMV_DENSE_ONLY
 // Whether a multi call merges the v4-capable weights of one format into one launch (the default;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +30,32 @@ def _op_module(fn: Callable, inputs: dict[str, tuple[list, str]]):
     module = OpModule()
     module.main = main
     return module
+
+
+def h200_library(fn: Callable, inputs: dict[str, tuple[list, str]], out: Path) -> tuple[str, Path]:
+    """`fn(*inputs)` exported for the h200 target, compiled and linked into the library `out`
+    (needs nvcc); returns the exported Relax module's script and the library. Every embedded image
+    must be sm_90a SASS with no problem the package checks would report."""
+    from ninfer_compiler.build import compile_module, export_module
+    from ninfer_compiler.codegen.export import export_library
+    from ninfer_compiler.codegen.fatbin import inspect_library
+    from ninfer_compiler.codegen.targets import tvm_target
+    from ninfer_compiler.codegen.toolchain import cuda_build
+    from ninfer_runtime import targets
+
+    from .codegen.conftest import require_tool
+
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    target = targets.load("h200")
+    ttarget = tvm_target(target)
+    with ttarget:
+        mod, _ = export_module(_op_module(fn, inputs), {})
+    with cuda_build(ttarget):
+        exe = compile_module(mod, ttarget)
+    lib = export_library(exe, out, target)
+    code = inspect_library(lib)
+    assert code.problems("sm_90a") == [] and code.sass_archs == {"sm_90a"}
+    return mod.script(), lib
 
 
 def compile_op(fn: Callable, inputs: dict[str, tuple[list, str]]) -> Callable:

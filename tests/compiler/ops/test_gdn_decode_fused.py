@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ..codegen.conftest import require_tool
-from ..conftest import _op_module
+from ..conftest import h200_library
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -84,21 +83,7 @@ def test_interpreter_matches_the_unfused_math():
 
 
 def test_h200_library_and_decode_graph(tmp_path):
-    import tvm
-    from tvm.relax.frontend import nn
-
-    from ninfer_compiler.build import compile_module, export_module
-    from ninfer_compiler.codegen.export import export_library
-    from ninfer_compiler.codegen.fatbin import inspect_library
-    from ninfer_compiler.codegen.targets import tvm_target
-    from ninfer_compiler.codegen.toolchain import cuda_build
     from ninfer_compiler.ops import gdn_decode_fused as fused
-    from ninfer_compiler.passes.pipeline import relax_pipeline
-    from ninfer_runtime import targets
-
-    require_tool("nvcc", "the CUDA toolkit builds device code")
-    target = targets.load("h200")
-    ttarget = tvm_target(target)
 
     def main(mixed, a, b, a_log, dt_bias, z, w, state, slots, lens):
         assert fused.supported(mixed, state, DK, DV)
@@ -110,15 +95,6 @@ def test_h200_library_and_decode_graph(tmp_path):
               "a_log": ([HV], "float32"), "dt_bias": ([HV], "float32"), "z": (["b", 1, HV * DV], "bfloat16"),
               "w": ([DV], "float32"), "state": ([2, "s", HV, DK, DV], "float32"), "slots": (["b"], "int32"),
               "lens": (["b"], "int32")}
-    with ttarget:
-        mod, _ = export_module(_op_module(main, inputs), {})
-    text = mod.script()
+    text, lib = h200_library(main, inputs, tmp_path / "model.so")
     assert "call_inplace_packed" in text and "ninfer_gdn_decode" in text
-    with cuda_build(ttarget):
-        exe = compile_module(mod, ttarget)
-    lib = export_library(exe, tmp_path / "model.so", target)
-    code = inspect_library(lib)
-    assert code.problems("sm_90a") == [] and code.sass_archs == {"sm_90a"}
     assert b"ninfer_gdn_decode" in lib.read_bytes()
-    del nn, tvm, relax_pipeline
-
