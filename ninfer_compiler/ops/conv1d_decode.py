@@ -32,10 +32,11 @@ MAX_TAPS = 8
 @triton.jit
 def conv1d_decode_kernel(x, w, state, slots, lens, y, layer, num_slots,
                          C: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """Program (cb, b): channels cb * BLOCK .. of sequence b; its history rows are its own."""
-    if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
-        gdc_wait()
-        gdc_launch_dependents()
+    """Program (cb, b): channels cb * BLOCK .. of sequence b; its history rows are its own.
+
+    The history and the taps are read before the wait (no kernel of the step writes them: the
+    history was last written by this kernel in the previous step), so under PDL those loads
+    overlap the previous kernel; `x` is read and everything is written after it."""
     cb = tl.program_id(0)
     b = tl.program_id(1)
     c = cb * BLOCK + tl.arange(0, BLOCK)
@@ -43,16 +44,18 @@ def conv1d_decode_kernel(x, w, state, slots, lens, y, layer, num_slots,
     keep = ok & (c * 0 + tl.load(lens + b) > 0)  # history rows to read (zeros for a fresh sequence)
     slot = tl.load(slots + b).to(tl.int64)
     hist = state + ((layer.to(tl.int64) * num_slots + slot) * (K - 1)) * C + c
-    xv = tl.load(x + b.to(tl.int64) * C + c, mask=ok, other=0.0)
     acc = tl.zeros([BLOCK], tl.float32)
-    for j in tl.static_range(K):
-        if j < K - 1:
-            h = tl.load(hist + j * C, mask=keep, other=0.0)
-            if j > 0:  # row j - 1 was read at step j - 1: shift this row into it
-                tl.store(hist + (j - 1) * C, h, mask=ok)
-        else:
-            h = xv
-        acc += tl.load(w + j * C + c, mask=ok, other=0.0).to(tl.float32) * h.to(tl.float32)
+    for j in tl.static_range(K - 1):
+        acc += tl.load(w + j * C + c, mask=ok, other=0.0).to(tl.float32) * \
+            tl.load(hist + j * C, mask=keep, other=0.0).to(tl.float32)
+    w_last = tl.load(w + (K - 1) * C + c, mask=ok, other=0.0).to(tl.float32)
+    if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
+        gdc_wait()
+        gdc_launch_dependents()
+    xv = tl.load(x + b.to(tl.int64) * C + c, mask=ok, other=0.0)
+    acc += w_last * xv.to(tl.float32)
+    for j in tl.static_range(1, K - 1):  # shift the history by one row (rows read above)
+        tl.store(hist + (j - 1) * C, tl.load(hist + j * C, mask=keep, other=0.0), mask=ok)
     tl.store(hist + (K - 2) * C, xv, mask=ok)
     out = acc * (1.0 / (1.0 + tl.exp(-acc)))
     tl.store(y + b.to(tl.int64) * C + c, out.to(y.dtype.element_ty), mask=ok)

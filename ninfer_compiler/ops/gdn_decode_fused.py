@@ -31,21 +31,42 @@ L2_EPS = 1e-6
 
 
 @triton.jit
-def gdn_decode_kernel(mixed, a_in, b_in, a_log, dt_bias, z, norm_w, state, slots, lens, out,
+def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, slots, lens, out,
                       layer, num_slots, eps,
                       HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                       Q_SCALE: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_T: tl.constexpr,
-                      PDL: tl.constexpr = False):
-    """Program (b, j): value head j of sequence b; state slice [DK, DV] in registers."""
-    if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
-        gdc_wait()
-        gdc_launch_dependents()
+                      GATE_K: tl.constexpr = 0, GATE_KP: tl.constexpr = 1, PDL: tl.constexpr = False):
+    """Program (b, j): value head j of sequence b; state slice [DK, DV] in registers.
+
+    GATE_K = 0: `a_in`, `b_in` are the gate pre-activations [B, HV] (`h` unused). GATE_K > 0: they
+    are the bf16 gate projections [HV, GATE_K] and `h` the layer input [B, GATE_K] (GATE_KP: the
+    next power of two); row j of each is dotted with h in fp32 and rounded to bf16, as the dense
+    projection would (one launch less per layer).
+    """
     b = tl.program_id(0)
     j = tl.program_id(1)
     C: tl.constexpr = 2 * HK * DK + HV * DV
     kh = j // (HV // HK)
     rk = tl.arange(0, DK)
     rv = tl.arange(0, DV)
+    # Before the wait: what no kernel of this step writes (the state slice, last written by this
+    # kernel in the previous step; parameters; the step's slot table). Under PDL these loads
+    # overlap the previous kernel (the convolution).
+    slot = tl.load(slots + b).to(tl.int64)
+    fresh = tl.load(lens + b) == 0
+    base = ((layer.to(tl.int64) * num_slots + slot) * HV + j) * (DK * DV)
+    s_ptr = state + base + rk[:, None] * DV + rv[None, :]
+    s = tl.load(s_ptr)
+    a_log_j = tl.load(a_log + j).to(tl.float32)
+    dt_j = tl.load(dt_bias + j).to(tl.float32)
+    w = tl.load(norm_w + rv).to(tl.float32)
+    if GATE_K > 0:
+        rg = tl.arange(0, GATE_KP)
+        wa = tl.load(a_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0)
+        wb = tl.load(b_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0)
+    if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
+        gdc_wait()
+        gdc_launch_dependents()
     row = mixed + b.to(tl.int64) * C
     qr = tl.load(row + kh * DK + rk).to(tl.float32)
     kr = tl.load(row + HK * DK + kh * DK + rk).to(tl.float32)
@@ -53,17 +74,18 @@ def gdn_decode_kernel(mixed, a_in, b_in, a_log, dt_bias, z, norm_w, state, slots
     q = qr * tl.math.rsqrt(tl.sum(qr * qr, 0) + L2_EPS) * Q_SCALE
     k = kr * tl.math.rsqrt(tl.sum(kr * kr, 0) + L2_EPS)
 
-    x = tl.load(a_in + b * HV + j).to(tl.float32) + tl.load(dt_bias + j).to(tl.float32)
+    if GATE_K > 0:
+        hv = tl.load(h + b.to(tl.int64) * GATE_K + rg, mask=rg < GATE_K, other=0.0).to(tl.float32)
+        a_pre = tl.sum(hv * wa.to(tl.float32), 0).to(tl.bfloat16).to(tl.float32)
+        b_pre = tl.sum(hv * wb.to(tl.float32), 0).to(tl.bfloat16).to(tl.float32)
+    else:
+        a_pre = tl.load(a_in + b * HV + j).to(tl.float32)
+        b_pre = tl.load(b_in + b * HV + j).to(tl.float32)
+    x = a_pre + dt_j
     soft = tl.where(x > SOFTPLUS_T, x, tl.log(1.0 + tl.exp(x)))
-    g = -tl.exp(tl.load(a_log + j).to(tl.float32)) * soft
-    bv = tl.load(b_in + b * HV + j).to(tl.float32)
-    beta = (1.0 / (1.0 + tl.exp(-bv))).to(tl.bfloat16).to(tl.float32)
+    g = -tl.exp(a_log_j) * soft
+    beta = (1.0 / (1.0 + tl.exp(-b_pre))).to(tl.bfloat16).to(tl.float32)
 
-    slot = tl.load(slots + b).to(tl.int64)
-    fresh = tl.load(lens + b) == 0
-    base = ((layer.to(tl.int64) * num_slots + slot) * HV + j) * (DK * DV)
-    s_ptr = state + base + rk[:, None] * DV + rv[None, :]
-    s = tl.load(s_ptr)
     s = tl.where(fresh, 0.0, s) * tl.exp(g)
     ks = tl.sum(s * k[:, None], 0)
     u = beta * (v - ks)
@@ -75,22 +97,23 @@ def gdn_decode_kernel(mixed, a_in, b_in, a_log, dt_bias, z, norm_w, state, slots
     inv = tl.math.rsqrt(tl.sum(ob * ob, 0) / DV + eps)
     normed = (ob * inv).to(tl.bfloat16).to(tl.float32)
     zf = tl.load(z + (b * HV + j).to(tl.int64) * DV + rv).to(tl.float32)
-    w = tl.load(norm_w + rv).to(tl.float32)
     res = normed * w * zf * (1.0 / (1.0 + tl.exp(-zf)))
     tl.store(out + (b * HV + j).to(tl.int64) * DV + rv, res.to(tl.bfloat16))
 
 
-def image(hk: int, hv: int, dk: int, dv: int, w_dtype: str, gate_param_dtype: str, arch: str) -> KernelImage:
-    """The kernel for one model's head geometry and parameter dtypes."""
+def image(hk: int, hv: int, dk: int, dv: int, w_dtype: str, gate_param_dtype: str, arch: str,
+          gate_k: int = 0) -> KernelImage:
+    """The kernel for one model's head geometry and parameter dtypes (`gate_k`: see GATE_K)."""
     wt = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
     return compile_kernel(
         gdn_decode_kernel,
-        signature={"mixed": "*bf16", "a_in": "*bf16", "b_in": "*bf16", "a_log": f"*{wt[gate_param_dtype]}",
+        signature={"mixed": "*bf16", "a_in": "*bf16", "b_in": "*bf16", "h": "*bf16", "a_log": f"*{wt[gate_param_dtype]}",
                    "dt_bias": f"*{wt[gate_param_dtype]}", "z": "*bf16", "norm_w": f"*{wt[w_dtype]}",
                    "state": "*fp32", "slots": "*i32", "lens": "*i32", "out": "*bf16", "layer": "i32",
                    "num_slots": "i32", "eps": "fp32"},
         constants={"HK": hk, "HV": hv, "DK": dk, "DV": dv, "Q_SCALE": dk**-0.5, "L2_EPS": L2_EPS,
-                   "SOFTPLUS_T": SOFTPLUS_THRESHOLD, "PDL": True},
+                   "SOFTPLUS_T": SOFTPLUS_THRESHOLD, "GATE_K": gate_k,
+                   "GATE_KP": triton.next_power_of_2(gate_k) if gate_k else 1, "PDL": True},
         arch=arch, num_warps=8, num_stages=1,
     )
 
@@ -101,16 +124,25 @@ namespace {
 using tvm::ffi::TensorView;
 // In place: `state` and `out` are both written; as call_inplace_packed requires, the function
 // returns them (the VM binds its results to what the call returns).
+// GATE_K > 0: `a`, `b` are the gate projections [HV, GATE_K] and `h` the layer input [B, 1, GATE_K];
+// else `a`, `b` are the gate pre-activations [B, 1, HV] and `h` is not read.
 tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor> gdn_decode(
-    TensorView mixed, TensorView a, TensorView b, TensorView a_log, TensorView dt_bias, TensorView z,
+    TensorView mixed, TensorView a, TensorView b, TensorView h, TensorView a_log, TensorView dt_bias, TensorView z,
     TensorView norm_w, TensorView slots, TensorView lens, int64_t layer, double eps, tvm::ffi::Tensor out,
     tvm::ffi::Tensor state) {
   const int64_t batch = mixed.shape()[0];
   TVM_FFI_ICHECK(state.ndim() == 5 && state.shape()[2] == @HV@ && state.shape()[3] == @DK@ && state.shape()[4] == @DV@)
       << "ninfer_gdn_decode: state shape";
   TVM_FFI_ICHECK(out.numel() == batch * @HV@ * @DV@ && z.numel() == batch * @HV@ * @DV@) << "ninfer_gdn_decode: shapes";
-  uint64_t p[11] = {ninfer_cuda::pointer(mixed, "mixed"), reinterpret_cast<uint64_t>(ninfer_cuda::address(a)),
-                    reinterpret_cast<uint64_t>(ninfer_cuda::address(b)), reinterpret_cast<uint64_t>(ninfer_cuda::address(a_log)),
+  const bool gate_weights = @GATE_K@ > 0;
+  TVM_FFI_ICHECK(!gate_weights || (a.numel() == @HV@ * @GATE_K@ && b.numel() == @HV@ * @GATE_K@ &&
+                                   h.numel() == batch * @GATE_K@))
+      << "ninfer_gdn_decode: gate projection shapes";
+  TVM_FFI_ICHECK(gate_weights || (a.numel() == batch * @HV@ && b.numel() == batch * @HV@))
+      << "ninfer_gdn_decode: gate shapes";
+  uint64_t p[12] = {ninfer_cuda::pointer(mixed, "mixed"), reinterpret_cast<uint64_t>(ninfer_cuda::address(a)),
+                    reinterpret_cast<uint64_t>(ninfer_cuda::address(b)), reinterpret_cast<uint64_t>(ninfer_cuda::address(h)),
+                    reinterpret_cast<uint64_t>(ninfer_cuda::address(a_log)),
                     reinterpret_cast<uint64_t>(ninfer_cuda::address(dt_bias)), ninfer_cuda::pointer(z, "z"),
                     ninfer_cuda::pointer(norm_w, "norm_w"), ninfer_cuda::pointer(state, "state"),
                     reinterpret_cast<uint64_t>(ninfer_cuda::address(slots)),
@@ -118,7 +150,7 @@ tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor> gdn_decode(
   int32_t layer32 = static_cast<int32_t>(layer), num_slots = static_cast<int32_t>(state.shape()[1]);
   float eps32 = static_cast<float>(eps);
   ninfer_cuda::launch(@KERNEL@, static_cast<unsigned>(batch), @HV@, 1,
-                      {&p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8], &p[9], &p[10],
+                      {&p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8], &p[9], &p[10], &p[11],
                        &layer32, &num_slots, &eps32},
                       mixed.device().device_id, /*pdl=*/true);
   return tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor>(out, state);
@@ -138,20 +170,33 @@ def supported(mixed: nn.Tensor, gdn_state: nn.Tensor, dk: int, dv: int) -> bool:
             and str(gdn_state.dtype) == "float32" and pow2 and 16 <= dk <= 256 and 16 <= dv <= 256)
 
 
+def gates_foldable(h: nn.Tensor, a_weight: nn.Tensor | None, b_weight: nn.Tensor | None, hv: int) -> bool:
+    """Whether the kernel can compute the gate projections itself: both dense bf16 `[Hv, K]` weights
+    (None: not dense) over a bf16 layer input `[B, 1, K]` with a static K."""
+    k = h.shape[-1]
+    return (a_weight is not None and b_weight is not None and isinstance(k, int) and str(h.dtype) == "bfloat16"
+            and all(str(w.dtype) == "bfloat16" and tuple(w.shape) == (hv, k) for w in (a_weight, b_weight)))
+
+
 def gdn_decode_fused(
     mixed: nn.Tensor, a: nn.Tensor, b: nn.Tensor, a_log: nn.Tensor, dt_bias: nn.Tensor, z: nn.Tensor,
     norm_w: nn.Tensor, gdn_state: nn.Tensor, slot_ids: nn.Tensor, seq_lens: nn.Tensor, layer: int,
-    eps: float, hk: int, hv: int, dk: int, dv: int,
+    eps: float, hk: int, hv: int, dk: int, dv: int, h: nn.Tensor | None = None,
 ) -> tuple[nn.Tensor, nn.Tensor]:
-    """`(out [B, 1, Hv*dv] bf16, gdn_state)` for post-conv `mixed [B, 1, 2*Hk*dk + Hv*dv]`."""
+    """`(out [B, 1, Hv*dv] bf16, gdn_state)` for post-conv `mixed [B, 1, 2*Hk*dk + Hv*dv]`.
+
+    `a`, `b`: the gate pre-activations `[B, 1, Hv]`, or with `h` (the layer input `[B, 1, K]`, see
+    `gates_foldable`) the gate projections' weights `[Hv, K]`."""
     arch = current_arch()
-    img = image(hk, hv, dk, dv, str(norm_w.dtype), str(a_log.dtype), arch)
-    key = f"gdn_decode_{hk}_{hv}_{dk}_{dv}_{norm_w.dtype}_{a_log.dtype}"
-    symbol = f"{SYMBOL}_{hk}_{hv}_{dk}_{dv}"
-    launcher = fill_launcher(LAUNCHER, {"HV": hv, "DK": dk, "DV": dv, "KERNEL": f'"{img.name}"', "SYMBOL": symbol})
+    gate_k = 0 if h is None else int(h.shape[-1])
+    img = image(hk, hv, dk, dv, str(norm_w.dtype), str(a_log.dtype), arch, gate_k)
+    key = f"gdn_decode_{hk}_{hv}_{dk}_{dv}_{norm_w.dtype}_{a_log.dtype}_g{gate_k}"
+    symbol = f"{SYMBOL}_{hk}_{hv}_{dk}_{dv}" + (f"_g{gate_k}" if gate_k else "")
+    launcher = fill_launcher(LAUNCHER, {"HV": hv, "DK": dk, "DV": dv, "GATE_K": gate_k, "KERNEL": f'"{img.name}"',
+                                        "SYMBOL": symbol})
     # registers the launcher library with the export (the call itself is emitted below)
     extern(key, {symbol: lambda *args: args[-1]}, launcher, [img])
     out = op.empty([mixed.shape[0], 1, hv * dv], "bfloat16", name="gdn_decode_out")
-    result = inplace_call(symbol, [mixed, a, b, a_log, dt_bias, z, norm_w, slot_ids, seq_lens, layer, eps],
-                          [out, gdn_state])
+    result = inplace_call(symbol, [mixed, a, b, a if h is None else h, a_log, dt_bias, z, norm_w, slot_ids,
+                                   seq_lens, layer, eps], [out, gdn_state])
     return result[0], result[1]

@@ -692,11 +692,13 @@ __device__ __forceinline__ float v4_finish(float v, float up, const V4Epi& e, ui
 // Block layout: `slots` row tiles x `ks` K-parts, one warp each (warp = kpart * slots + slot). In
 // V4_SWIGLU, tile t of the launch is the gate (t even) or the up (t odd) tile of output tile t / 2,
 // so both halves of an output tile sit in one block and meet in shared memory.
+// `blk`, `tile0`: this block's index among the blocks of its format and the launch tile its tiles
+// start from (blockIdx.x and 0, except in the mixed-format multi entry).
 template <int BITS, typename TY, bool PDL, uint32_t MODE>
 __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ base,
                                         const uint8_t* __restrict__ high, const __half* __restrict__ scales,
                                         TY* __restrict__ y, uint32_t n_rows, uint32_t k, uint32_t b_rows,
-                                        uint32_t ks, const V4Epi& e) {
+                                        uint32_t ks, const V4Epi& e, uint32_t blk, uint32_t tile0) {
   constexpr uint32_t STAGE = V4<BITS>::STAGE, STAGES = V4<BITS>::STAGES;
   extern __shared__ __align__(16) uint8_t v4_smem[];
 
@@ -705,7 +707,7 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   const uint32_t slots = (blockDim.x >> 5) / ks;
   const uint32_t kpart = warp / slots, slot = warp % slots;
   constexpr bool swiglu = MODE == V4_SWIGLU, multi = MODE == V4_MULTI;
-  const uint32_t tile = blockIdx.x * slots + slot;
+  const uint32_t tile = tile0 + blk * slots + slot;
   uint32_t row0 = (swiglu ? tile >> 1 : tile) * 16u;
   if (swiglu && (tile & 1u)) {
     base = e.up_base;
@@ -781,11 +783,11 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   const uint32_t outs = swiglu ? slots >> 1 : slots;  // output tiles of this block
   for (uint32_t t = threadIdx.x; t < outs * 128u; t += blockDim.x) {
     const uint32_t s = t >> 7, rb = t & 127u, r = rb >> 3, col = rb & 7u;
-    uint32_t row = (blockIdx.x * outs + s) * 16u + r;
+    uint32_t row = (tile0 + blk * outs + s) * 16u + r;
     TY* yo = y;
     uint32_t rows = n_rows, stride = y_stride;
     if (multi) {  // the output tile's weight (this thread's warp may hold another one)
-      const uint32_t ot = blockIdx.x * outs + s, sg = v4_segment(e, ot);
+      const uint32_t ot = tile0 + blk * outs + s, sg = v4_segment(e, ot);
       const uint32_t t0 = sg == 0 ? 0u : v4_pick(e.seg_end, sg - 1u);
       row = (ot - t0) * 16u + r;
       rows = ot < e.seg_end[V4_SEGS - 1u] ? (v4_pick(e.seg_end, sg) - t0) * 16u : 0u;
@@ -810,7 +812,7 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
                                      const __half* scales, TY* y, uint32_t n_rows, uint32_t k,        \
                                      uint32_t b_rows, uint32_t ks) {                                  \
     const V4Epi e{nullptr, nullptr, nullptr, nullptr, n_rows, {}, {}, {}, {}, {}, {}};                \
-    v4_body<BITS, TY, false, V4_PLAIN>(x, base, high, scales, y, n_rows, k, b_rows, ks, e);           \
+    v4_body<BITS, TY, false, V4_PLAIN>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u); \
   }
 
 // The launcher's entries: PDL and an epilogue (blocks of up to 8 warps; SwiGLU: gate/up tile pairs).
@@ -819,7 +821,7 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
       ninfer_qgemv4e_q##BITS##_##TAG(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, \
                                      const __half* scales, __nv_bfloat16* y, uint32_t n_rows,         \
                                      uint32_t k, uint32_t b_rows, uint32_t ks, const V4Epi e) {       \
-    v4_body<BITS, __nv_bfloat16, true, MODE>(x, base, high, scales, y, n_rows, k, b_rows, ks, e);     \
+    v4_body<BITS, __nv_bfloat16, true, MODE>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u); \
   }
 #define NINFER_QGEMV4E_MODES(BITS)                          \
   NINFER_QGEMV4E(BITS, V4_PLAIN, plain)                     \
@@ -836,6 +838,22 @@ NINFER_QGEMV4(6, float, f32)
 NINFER_QGEMV4E_MODES(4)
 NINFER_QGEMV4E_MODES(5)
 NINFER_QGEMV4E_MODES(6)
+
+// One V4_MULTI launch over q4 and q5 weights of one input (a mixer's projections: GDN q, k | v, z;
+// attention q, k | gate, v): one tail and one PDL hand-over instead of two. The segment table lists
+// the q4 weights first; blocks [0, blocks4) run their tiles as the q4 entry does (K split `ks`),
+// the rest the q5 tiles after them (K split `ks5`), each block one format, so the per-format loops
+// and rings of the two entries are used unchanged (the ring memory is the larger format's).
+extern "C" __global__ void NINFER_V4_BOUNDS ninfer_qgemv4e_q45_multi(
+    const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, const __half* scales, __nv_bfloat16* y,
+    uint32_t n_rows, uint32_t k, uint32_t b_rows, uint32_t ks, const V4Epi e, uint32_t blocks4, uint32_t ks5) {
+  const uint32_t warps = blockDim.x >> 5;
+  if (blockIdx.x < blocks4)
+    v4_body<4, __nv_bfloat16, true, V4_MULTI>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u);
+  else
+    v4_body<5, __nv_bfloat16, true, V4_MULTI>(x, base, high, scales, y, n_rows, k, b_rows, ks5, e,
+                                              blockIdx.x - blocks4, blocks4 * (warps / ks));
+}
 
 #endif  // NINFER_GEMV_DENSE_ONLY
 

@@ -17,6 +17,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -64,8 +65,9 @@ const Driver& driver() {
 // Kernel names of this build, indexed by kernel_index / dense_index.
 #ifndef NINFER_GEMV_DENSE_ONLY
 // v2: 4 formats x 4 batch sizes x 2 dtypes; v3: q4/q5/q6; v4 (the launcher's entries): q4/q5/q6 x
-// 4 epilogues
-constexpr int kKernels = 32 + 3 + 12;
+// 4 epilogues, and the mixed q4 + q5 multi entry
+constexpr int kKernels = 32 + 3 + 12 + 1;
+constexpr int kMulti45Index = 47;
 
 // v4's ring depth per format; must equal the kernel's (tests/compiler/ops/test_qgemv_v4.py checks).
 #define NINFER_V4_STAGES_Q4 2
@@ -107,6 +109,7 @@ int v3_index(int bits) { return 32 + (bits - 4); }
 int v4_index(int bits, uint32_t mode) { return 35 + 4 * (bits - 4) + static_cast<int>(mode); }
 
 std::string kernel_name(int i) {
+  if (i == kMulti45Index) return "ninfer_qgemv4e_q45_multi";
   if (i >= 35) {
     const char* modes[4] = {"plain", "add", "swiglu", "multi"};
     return "ninfer_qgemv4e_q" + std::to_string((i - 35) / 4 + 4) + "_" + modes[(i - 35) % 4];
@@ -162,7 +165,9 @@ CUfunction lookup(int index) {
 #ifndef NINFER_GEMV_DENSE_ONLY
     if (i >= 35) {  // v4 asks for more than the 48 KB of shared memory that need no opt-in
       rc = d.func_set_attribute(fn, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */,
-                                static_cast<int>(v4_smem((i - 35) / 4 + 4, kV4MaxWarps)));
+                                static_cast<int>(i == kMulti45Index
+                                                     ? std::max(v4_smem(4, kV4MaxWarps), v4_smem(5, kV4MaxWarps))
+                                                     : v4_smem((i - 35) / 4 + 4, kV4MaxWarps)));
       TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: cuFuncSetAttribute failed with " << rc;
     }
 #endif
@@ -189,6 +194,15 @@ bool merge_enabled() {
   static const bool on = [] {
     const char* v = getenv("NINFER_GEMV_MERGE");
     return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+
+// Whether q4 and q5 weights of one multi call share a launch (`run_multi45`; NINFER_GEMV_MERGE=2: not).
+bool mixed_merge_enabled() {
+  static const bool on = [] {
+    const char* v = getenv("NINFER_GEMV_MERGE");
+    return v == nullptr || v[0] != '2';
   }();
   return on;
 }
@@ -361,6 +375,52 @@ void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* 
   }
 }
 
+// One mixed-format V4_MULTI launch (`ninfer_qgemv4e_q45_multi`): the q4 weights w4 (n4 of them),
+// then the q5 weights w5, n4 + n5 <= V4_SEGS, each v4_fits. Each block runs one format: the q4 part
+// at its own K split in blocks of `warps` warps, then the q5 part at its K split in blocks of the
+// same size. False (nothing launched) where the q4 tiles do not fill whole blocks.
+bool run_multi45(const char* xp, int64_t rows, int64_t k, const Planes* w, char* const* y, const int64_t* stride,
+                 uint32_t n4, uint32_t nseg, CUstream stream) {
+  if (n4 == 0 || n4 >= nseg || nseg > V4_SEGS) return false;
+  V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}};
+  uint32_t tiles = 0, tiles4 = 0;
+  for (uint32_t s = 0; s < V4_SEGS; ++s) {
+    const uint32_t i = s < nseg ? s : nseg - 1;
+    if (s < nseg) tiles += static_cast<uint32_t>(w[i].n / 16);
+    if (s + 1 == n4) tiles4 = tiles;
+    e.seg_end[s] = tiles;
+    e.seg_stride[s] = static_cast<uint32_t>(stride[i]);
+    e.seg_base[s] = w[i].base;
+    e.seg_high[s] = w[i].high;
+    e.seg_scales[s] = w[i].scales;
+  }
+  const uint32_t tiles5 = tiles - tiles4;
+  uint32_t k32 = static_cast<uint32_t>(k);
+  uint32_t ks4 = choose_ks_v4(4, tiles4 * 16u, k32), ks5 = choose_ks_v4(5, tiles5 * 16u, k32);
+  const uint32_t warps = std::max({4u, ks4, ks5});
+  if (tiles4 % (warps / ks4) != 0) return false;
+  uint32_t blocks4 = tiles4 / (warps / ks4);
+  const uint32_t blocks5 = (tiles5 + warps / ks5 - 1) / (warps / ks5);
+  TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(xp) % 16 == 0) << "ninfer_gemv: x must be 16-byte aligned";
+  const void* bp = w[0].base;
+  const void* hp = w[0].high;
+  const void* sp = w[0].scales;
+  uint32_t n32 = tiles * 16u;
+  const uint32_t smem = std::max(v4_smem(4, warps), v4_smem(5, warps));
+  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+    uint32_t b = static_cast<uint32_t>(rows - r0 < 8 ? rows - r0 : 8);
+    for (uint32_t s = 0; s < V4_SEGS; ++s) {
+      const uint32_t i = s < nseg ? s : nseg - 1;
+      e.seg_y[s] = y[i] + r0 * stride[i] * 2;
+    }
+    const void* xr = xp + r0 * k * 2;
+    void* yr = e.seg_y[0];
+    void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks4, &e, &blocks4, &ks5};
+    launch(lookup(kMulti45Index), blocks4 + blocks5, warps * 32, smem, stream, args);
+  }
+  return true;
+}
+
 int64_t k_of(const tvm::ffi::TensorView& x) { return x.shape()[x.ndim() - 1]; }
 
 bool is_f32(const tvm::ffi::TensorView& x) {
@@ -453,6 +513,26 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_multi(void*, const TVMF
     TVM_FFI_ICHECK(off == total) << "ninfer_qgemv_multi: output " << o << " has " << total << " columns, its weights " << off;
   }
   std::vector<bool> done(items.size(), false);
+  // q4 and q5 weights that v4 takes, at most V4_SEGS: one mixed launch (NINFER_GEMV_MERGE=2 keeps
+  // one launch per format, for measurements)
+  if (merge_enabled() && mixed_merge_enabled() && !f32) {
+    Planes w[V4_SEGS];
+    char* ys[V4_SEGS];
+    int64_t strides[V4_SEGS];
+    size_t picked[V4_SEGS];
+    uint32_t nseg = 0, n4 = 0;
+    for (int bits : {4, 5})
+      for (size_t q = 0; q < items.size(); ++q) {
+        if (items[q].bits != bits || nseg == V4_SEGS || !v4_fits(f32, bits, items[q].w, k)) continue;
+        w[nseg] = items[q].w;
+        ys[nseg] = items[q].y;
+        strides[nseg] = items[q].stride;
+        picked[nseg++] = q;
+        n4 += bits == 4 ? 1u : 0u;
+      }
+    if (run_multi45(address(x), rows, k, w, ys, strides, n4, nseg, stream))
+      for (uint32_t s = 0; s < nseg; ++s) done[picked[s]] = true;
+  }
   for (size_t p = 0; p < items.size(); ++p) {
     if (done[p]) continue;
     if (!merge_enabled() || !v4_fits(f32, items[p].bits, items[p].w, k)) {

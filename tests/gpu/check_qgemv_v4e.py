@@ -92,6 +92,103 @@ def fatbins(baseline: str | None) -> None:
     print("wrote", *sorted(p.name for p in FATBINS.iterdir()))
 
 
+# the mixed-format multi launch (`ninfer_qgemv4e_q45_multi`): a mixer's projections of one input, q4 first
+MIXED = {
+    "gdn q,k q4 | v,z q5": [(4, 2048), (4, 2048), (5, 6144), (5, 6144)],
+    "attn q,k q4 | gate,v q5": [(4, 6144), (4, 1024), (5, 6144), (5, 1024)],
+}
+MIXED_K = 5120
+
+
+def mixed_check(cp, mod, say, rng, reps: int) -> tuple[bool, list]:  # noqa: ANN001
+    """The mixed entry against float64 (b = 1..8, NaN-poisoned outputs) and its time against the two
+    per-format multi launches it replaces (qgemv_host.cc `run_multi45` / `run_multi` geometry)."""
+    ok, rows_out = True, []
+    for name, segs in MIXED.items():
+        case_ok, rows = _mixed_case(cp, mod, say, rng, reps, name, segs)
+        ok &= case_ok
+        rows_out += rows
+        cp.get_default_memory_pool().free_all_blocks()
+    return ok, rows_out
+
+
+def _mixed_case(cp, mod, say, rng, reps: int, name: str, segs: list) -> tuple[bool, list]:  # noqa: ANN001
+    u32, k, rows_out = np.uint32, MIXED_K, []
+    copies = 4
+    sets = []
+    for _ in range(copies):
+        ws = []
+        for bits, n in segs:
+            hb = {4: 0, 5: 8}[bits]
+            base = cp.random.randint(0, 256, size=(n, k // 2), dtype=cp.int32).astype(cp.uint8)
+            high = cp.random.randint(0, 256, size=(n, k // 64 * hb), dtype=cp.int32).astype(cp.uint8) if hb else base
+            sc = (cp.random.uniform(0.5, 1.5, size=(n, k // 64)) / 64).astype(cp.float16)
+            ws.append((base, high, sc))
+        sets.append(ws)
+    tiles = [n // 16 for _, n in segs]
+    n4 = sum(1 for b, _ in segs if b == 4)
+    t4, t5 = sum(tiles[:n4]), sum(tiles[n4:])
+    ks4, ks5 = _ks_v4(t4 * 16, k, 4), _ks_v4(t5 * 16, k, 5)
+    warps = max(4, ks4, ks5)
+    assert t4 % (warps // ks4) == 0
+    blocks4, blocks5 = t4 // (warps // ks4), -(-t5 // (warps // ks5))
+    smem = warps * max(STAGES[b] * _v4_stage_bytes(b) for b in (4, 5))
+    fn = mod.get_function("ninfer_qgemv4e_q45_multi")
+    fn.max_dynamic_shared_size_bytes = smem
+
+    def epi_of(ws, ys, part):  # segment table of the weights `part`
+        e = np.zeros((), dtype=EPI)
+        end = 0
+        for s in range(4):
+            i = part[min(s, len(part) - 1)]
+            if s < len(part):
+                end += tiles[i]
+            e["seg_end"][s], e["seg_stride"][s] = end, segs[i][1]
+            e["seg_base"][s], e["seg_high"][s], e["seg_scales"][s] = (int(a.data.ptr) for a in ws[i])
+            e["seg_y"][s] = int(ys[i].data.ptr)
+        return e
+
+    def mixed(ws, x, ys, b):
+        e = epi_of(ws, ys, list(range(len(segs))))
+        fn((blocks4 + blocks5,), (warps * 32,), (x, *ws[0], ys[0], u32(16 * (t4 + t5)), u32(k), u32(b), u32(ks4),
+                                                  e[()], u32(blocks4), u32(ks5)), shared_mem=smem)
+
+    def split(ws, x, ys, b):
+        for bits, part in ((4, list(range(n4))), (5, list(range(n4, len(segs))))):
+            t = sum(tiles[i] for i in part)
+            ks = _ks_v4(t * 16, k, bits)
+            w = max(4, ks)
+            f = mod.get_function(f"ninfer_qgemv4e_q{bits}_multi")
+            f.max_dynamic_shared_size_bytes = w * STAGES[bits] * _v4_stage_bytes(bits)
+            e = epi_of(ws, ys, part)
+            f((-(-t // (w // ks)),), (w * 32,), (x, *ws[part[0]], ys[part[0]], u32(16 * t), u32(k), u32(b), u32(ks),
+                                                 e[()]), shared_mem=w * STAGES[bits] * _v4_stage_bytes(bits))
+
+    refs = [decode_planes(cp.asnumpy(w[0]), cp.asnumpy(w[1]) if bits == 5 else None, cp.asnumpy(w[2]), bits)
+            for (bits, _), w in zip(segs, sets[0], strict=True)]
+    err = 0.0
+    for b in range(1, 9):
+        xb = (rng.standard_normal((b, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        x64 = (xb.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        ys = [cp.full((b, n), 0x7FC0, dtype=cp.uint16) for _, n in segs]
+        mixed(sets[0], cp.asarray(xb), ys, b)
+        for y, r in zip(ys, refs, strict=True):
+            got = (cp.asnumpy(y).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+            ref = x64 @ r.T
+            e = float(np.abs(got - ref).max() / np.abs(ref).max())
+            err = max(err, e if np.isfinite(e) else float("inf"))
+    nbytes = sum(n * k // 64 * (32 + {4: 0, 5: 8}[bits] + 2) for bits, n in segs)
+    for b in (1, 8):
+        x = cp.asarray((rng.standard_normal((b, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+        ys = [cp.zeros((b, n), dtype=cp.uint16) for _, n in segs]
+        t_mixed = graph_us(lambda i, x=x, ys=ys, b=b: mixed(sets[i % copies], x, ys, b), 20, reps)
+        t_split = graph_us(lambda i, x=x, ys=ys, b=b: split(sets[i % copies], x, ys, b), 20, reps)
+        rows_out.append((name, b, nbytes, err, t_mixed, t_split))
+        say(f"mixed {name:26} {nbytes / 1e6:5.1f} MB b={b} err {err:.2e}  one launch {t_mixed:.2f} us, "
+            f"two launches {t_split:.2f} us")
+    return err <= 1e-2, rows_out
+
+
 def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, force_ks: int = 0) -> int:
     import cupy as cp
 
@@ -122,6 +219,9 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
     say(f"device bandwidth, 1 GiB: copy kernel {copy_gb_s:.0f} GB/s (read + write), read kernel {read_gb_s:.0f} GB/s")
     rng = np.random.default_rng(0)
     errors, timings, ok = [], [], True
+    mixed_rows = []
+    if "cur" in mods:
+        ok, mixed_rows = mixed_check(cp, mods["cur"], say, rng, reps)
     for name, (mode, bits, n, k) in cases.items():
         hb = {4: 0, 5: 8, 6: 16}[bits]
         per_weight = n * k // 64 * (32 + hb + 2)
@@ -191,7 +291,7 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
         sets = None
         cp.get_default_memory_pool().free_all_blocks()
     (out / "qgemv_v4e.json").write_text(json.dumps({"copy_gb_s": copy_gb_s, "read_gb_s": read_gb_s, "errors": errors,
-                                                     "timings": timings}, indent=1))
+                                                     "timings": timings, "mixed": mixed_rows}, indent=1))
     say("\nmax |y - ref| / max |ref| over b = 1..8 (float64 reference, bf16 output):")
     for name in cases:
         labels = dict.fromkeys(tt for (c, tt, _, _) in errors if c == name)

@@ -17,7 +17,7 @@ from ...ops.gated_delta_rule import gated_delta_rule
 from ...ops.gdn_gates import gdn_gates
 from ...ops.norm import l2_norm
 from ..options import WeightPlan
-from .linear import make_linear
+from .linear import Linear, make_linear
 from .norms import GatedRMSNorm
 
 
@@ -69,19 +69,27 @@ class GatedDeltaNet(nn.Module):
         Sequences with `seq_lens[b] == 0` start from zero conv and recurrent state.
         """
         b, t = h.shape[0], h.shape[1]
-        # one launch for every projection of h where the kernels allow it (decode on CUDA)
-        mixed, z, a, beta_in = fused_linear.multi_linear(
-            h, [[self.query, self.key, self.value], [self.z], [self.a_projection], [self.b_projection]]
-        )
+        fused_step = gdn_decode_fused.supported(h, gdn_state, self.dk, self.dv)
+        gate_weights = [m.weight if isinstance(m, Linear) else None for m in (self.a_projection, self.b_projection)]
+        if fused_step and gdn_decode_fused.gates_foldable(h, *gate_weights, self.hv):
+            # decode on CUDA: the step kernel also computes the two small bf16 gate projections
+            mixed, z = fused_linear.multi_linear(h, [[self.query, self.key, self.value], [self.z]])
+            a, beta_in, gate_input = gate_weights[0], gate_weights[1], h
+        else:
+            # one launch for every projection of h where the kernels allow it (decode on CUDA)
+            mixed, z, a, beta_in = fused_linear.multi_linear(
+                h, [[self.query, self.key, self.value], [self.z], [self.a_projection], [self.b_projection]]
+            )
+            gate_input = None
         mixed, conv_state = causal_conv1d_with_state(
             mixed, self.convolution, conv_state, slot_ids, seq_lens, layer
         )
-        if gdn_decode_fused.supported(mixed, gdn_state, self.dk, self.dv):
+        if fused_step:
             # decode on CUDA: gates, norms, the rule and the gated norm in one kernel
             o, gdn_state = gdn_decode_fused.gdn_decode_fused(
                 mixed, a, beta_in, self.a_log, self.dt_bias,
                 z, self.norm.weight, gdn_state, slot_ids, seq_lens, layer, self.norm.eps,
-                self.hk, self.hv, self.dk, self.dv,
+                self.hk, self.hv, self.dk, self.dv, h=gate_input,
             )
             return fused_linear.linear_add(o, self.output, residual), gdn_state, conv_state
         key_width = self.hk * self.dk

@@ -68,7 +68,7 @@ def test_interpreter_matches_the_unfused_math():
     out = torch.full((B, HV * DV), float("nan"), dtype=torch.float32)  # fp32: the interpreter truncates bf16
     st = state.clone()
     interpreted(gdn_decode_kernel)[(B, HV)](
-        mixed, a, b, a_log, dt_bias, z, w, st, slots, lens, out, 1, S, 1e-5,
+        mixed, a, b, a, a_log, dt_bias, z, w, st, slots, lens, out, 1, S, 1e-5,
         HK=HK, HV=HV, DK=DK, DV=DV, Q_SCALE=DK**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD)
 
     def f64(x):
@@ -80,6 +80,43 @@ def test_interpreter_matches_the_unfused_math():
     # bf16 roundings inside (o, normed) can flip one ulp between float32 and float64 paths
     np.testing.assert_allclose(out.double().numpy(), ref_out, rtol=2e-2, atol=2e-2)
     np.testing.assert_array_equal(st[0].numpy(), state[0].numpy())  # other layers untouched
+
+
+def test_interpreter_folds_the_gate_projections():
+    """GATE_K > 0: a, b computed in the kernel from h and the [HV, K] bf16 weights (K not a power
+    of two), against the same kernel fed the projections as the dense GEMV rounds them."""
+    from ninfer_compiler.ops.gdn_decode_fused import L2_EPS, gdn_decode_kernel
+    from ninfer_compiler.ops.gdn_gates import SOFTPLUS_THRESHOLD
+    from ninfer_compiler.ops.triton_aot import interpreted
+
+    rng = np.random.default_rng(2)
+    B, L, S, K = 2, 1, 3, 80
+
+    def t(x, dt=torch.bfloat16):
+        return torch.tensor(np.asarray(x), dtype=dt)
+
+    mixed = t(rng.standard_normal((B, C)))
+    h = t(rng.standard_normal((B, K)))
+    wa, wb = t(rng.standard_normal((HV, K)) * 0.1), t(rng.standard_normal((HV, K)) * 0.1)
+    a_log, dt_bias = t(rng.standard_normal(HV) * 0.5, torch.float32), t(rng.standard_normal(HV), torch.float32)
+    z = t(rng.standard_normal((B, HV * DV)))
+    w = t(rng.standard_normal(DV), torch.float32)
+    state = t(rng.standard_normal((L, S, HV, DK, DV)), torch.float32)
+    slots, lens = t([2, 0], torch.int32), t([5, 1], torch.int32)
+    consts = dict(HK=HK, HV=HV, DK=DK, DV=DV, Q_SCALE=DK**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD)
+    a = (h.float() @ wa.float().T).bfloat16()  # the dense projections: fp32 sums, one bf16 rounding
+    b = (h.float() @ wb.float().T).bfloat16()
+    outs, states = [], []
+    for args, extra in (((a, b, a), {}), ((wa, wb, h), {"GATE_K": K, "GATE_KP": 128})):
+        out = torch.full((B, HV * DV), float("nan"), dtype=torch.float32)
+        st = state.clone()
+        interpreted(gdn_decode_kernel)[(B, HV)](mixed, *args, a_log, dt_bias, z, w, st, slots, lens, out, 0, S, 1e-5,
+                                                **consts, **extra)
+        outs.append(out)
+        states.append(st)
+    assert torch.isfinite(outs[1]).all()
+    np.testing.assert_allclose(states[1].numpy(), states[0].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outs[1].numpy(), outs[0].numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_h200_library_and_decode_graph(tmp_path):
@@ -98,3 +135,49 @@ def test_h200_library_and_decode_graph(tmp_path):
     text, lib = h200_library(main, inputs, tmp_path / "model.so")
     assert "call_inplace_packed" in text and "ninfer_gdn_decode" in text
     assert b"ninfer_gdn_decode" in lib.read_bytes()
+
+
+def test_h200_library_with_folded_gates(tmp_path):
+    from ninfer_compiler.ops import gdn_decode_fused as fused
+
+    K = 96
+
+    def main(mixed, h, wa, wb, a_log, dt_bias, z, w, state, slots, lens):
+        assert fused.gates_foldable(h, wa, wb, HV) and not fused.gates_foldable(h, wa, None, HV)
+        out, state = fused.gdn_decode_fused(mixed, wa, wb, a_log, dt_bias, z, w, state, slots, lens, 1, 1e-5,
+                                            HK, HV, DK, DV, h=h)
+        return out, state
+
+    inputs = {"mixed": (["b", 1, C], "bfloat16"), "h": (["b", 1, K], "bfloat16"), "wa": ([HV, K], "bfloat16"),
+              "wb": ([HV, K], "bfloat16"), "a_log": ([HV], "float32"), "dt_bias": ([HV], "float32"),
+              "z": (["b", 1, HV * DV], "bfloat16"), "w": ([DV], "float32"), "state": ([2, "s", HV, DK, DV], "float32"),
+              "slots": (["b"], "int32"), "lens": (["b"], "int32")}
+    text, lib = h200_library(main, inputs, tmp_path / "model.so")
+    assert f"ninfer_gdn_decode_{HK}_{HV}_{DK}_{DV}_g{K}" in text
+    assert f"ninfer_gdn_decode_{HK}_{HV}_{DK}_{DV}_g{K}".encode() in lib.read_bytes()
+
+
+@pytest.mark.parametrize("gate_k", [0, 5120])
+def test_launcher_builds_warning_free(tmp_path, gate_k):
+    """Both launcher forms as the package links them, under -Wall -Werror (a check macro inside an
+    unbraced if / else is the kind of bug only the warning shows)."""
+    import shutil
+    import subprocess
+
+    from tvm.relax.frontend import nn
+
+    from ninfer_compiler.ops import cuda_extern
+    from ninfer_compiler.ops import gdn_decode_fused as fused
+
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("g++ is not on PATH")
+    img = fused.image(16, 48, 128, 128, "bfloat16", "float32", "sm_90a", gate_k)
+    launcher = cuda_extern.fill_launcher(fused.LAUNCHER, {"HV": 48, "DK": 128, "DV": 128, "GATE_K": gate_k,
+                                                          "KERNEL": f'"{img.name}"', "SYMBOL": "ninfer_gdn_decode_t"})
+    src = tmp_path / "launcher.cc"
+    src.write_text(cuda_extern.host_source(launcher, [img]))
+    flags = [f for f in nn.SourceModule.get_compile_options("cpp") if f != "-O3"]
+    proc = subprocess.run([cxx, *flags, "-O1", "-fPIC", "-Wall", "-Werror", str(src), "-o", str(tmp_path / "l.o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]

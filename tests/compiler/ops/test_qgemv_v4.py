@@ -273,7 +273,10 @@ def test_launcher_kernel_names_exist():
     qgemv_cuda.cu's entry macros, and the launcher's V4Epi mirrors the kernel's field by field."""
     cu = qgemv.DEVICE_SOURCE.read_text()
     cc = qgemv.HOST_SOURCE.read_text()
-    assert re.search(r"constexpr int kKernels = 32 \+ 3 \+ 12;", cc) and re.search(r"constexpr int kKernels = 4 \+ 2;", cc)
+    assert re.search(r"constexpr int kKernels = 32 \+ 3 \+ 12 \+ 1;", cc) and re.search(r"constexpr int kKernels = 4 \+ 2;", cc)
+    # the mixed q4 + q5 multi entry, after the per-format ones
+    assert re.search(r"constexpr int kMulti45Index = 47;", cc) and '"ninfer_qgemv4e_q45_multi"' in cc
+    assert re.search(r'extern "C" __global__ void NINFER_V4_BOUNDS ninfer_qgemv4e_q45_multi\(', cu)
     names = [f"ninfer_qgemv_q{b}_b{n}_{t}" for t in ("bf16", "f32") for b in (4, 5, 6, 8) for n in (1, 2, 4, 8)]
     names += [f"ninfer_qgemv3_q{b}_ybf16" for b in (4, 5, 6)]
     names += [f"ninfer_qgemv4e_q{b}_{m}" for b in (4, 5, 6) for m in ("plain", "add", "swiglu", "multi")]
@@ -294,3 +297,27 @@ def test_launcher_kernel_names_exist():
     for mode, value in (("V4_PLAIN", 0), ("V4_ADD", 1), ("V4_SWIGLU", 2), ("V4_MULTI", 3)):
         assert re.search(rf"{mode} = {value}\b", cu) and re.search(rf"{mode} = {value}\b", cc)
 
+
+
+def test_v4_launcher_builds_warning_free(tmp_path):
+    """The grouped-int launcher as the package links it (fatbin inlined, TVM FFI exports), under
+    -Wall -Werror; it exports every entry the decode graph calls."""
+    import shutil
+
+    from tvm.relax.frontend import nn
+
+    from ninfer_compiler.ops import cuda_extern
+
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("g++ is not on PATH")
+    src = tmp_path / "launcher.cc"
+    src.write_text(cuda_extern.host_source(qgemv.host_source("sm_90a"), []))
+    flags = [f for f in nn.SourceModule.get_compile_options("cpp") if f != "-O3"]
+    proc = subprocess.run([cxx, *flags, "-O1", "-fPIC", "-Wall", "-Werror", str(src), "-o", str(tmp_path / "l.o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    symbols = subprocess.run(["nm", str(tmp_path / "l.o")], capture_output=True, text=True).stdout
+    for name in ("ninfer_qgemv", "ninfer_qgemv_add", "ninfer_qgemv_swiglu", "ninfer_qgemv_multi"):
+        assert re.search(rf"\bT __tvm_ffi_{name}\b", symbols), name
