@@ -13,7 +13,9 @@ scalar) at the launcher's geometry (`qgemv_host.cc`: K split, warps per block, s
 27B decode projections: numerics at batch 1..8 against float64 numpy (NaN-poisoned outputs, rows
 subset for N > 4,096), then per-launch time at batch 1, 2, 4 and 8 inside a CUDA graph, rotating over
 weight copies so that L2 cannot hold them, against the read / copy bandwidth measured in the run.
-It prints a table last and writes `qgemv_v4e.json`.
+With the `cur` build it first checks the mixed-format multi entry (`ninfer_qgemv4e_q45_multi`, the
+mixers' q4 + q5 projections, `MIXED`) the same way and times it against the two per-format launches
+it replaces. It prints a table last and writes `qgemv_v4e.json`.
 """
 
 from __future__ import annotations
