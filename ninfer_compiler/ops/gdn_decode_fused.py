@@ -5,7 +5,10 @@ the output projection (split, two L2 norms, a cast, the recurrent rule, a cast, 
 each a few microseconds of launch and tail for a few KB of work, plus the gate epilogues; 48
 layers per step. Here one program per (sequence, value head) reads the post-convolution row,
 its two gate pre-activations and `z`, updates that head's fp32 state in place and writes the
-normalised, gated output, rounding where the unfused ops round (HF's order).
+normalised, gated output, rounding where the unfused ops round (HF's order). Where the gate
+projections are dense bf16 (`gates_foldable`) it also computes them from the layer input, which
+takes the small dense GEMV launch out of the decode step; its state slice and parameters are read
+before the PDL wait.
 
 Semantics (see ops/gated_delta_rule.py, ops/gdn_gates.py, ops/norm.py):
     q, k = l2norm(q) * dk^-0.5, l2norm(k);  g = -exp(a_log) * softplus(a + dt_bias);
