@@ -339,12 +339,10 @@ void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Plan
   }
 }
 
-// One V4_MULTI launch over up to V4_SEGS weights of one format (each v4_fits): weight s writes
-// y_s[r, 0 .. n_s) with row stride stride_s, for the `rows` activation rows at xp (bf16).
-void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* w, char* const* y,
-               const int64_t* stride, uint32_t nseg, CUstream stream) {
+// The segment table of a V4_MULTI launch over w[0 .. nseg) (unused entries repeat the last
+// weight, ending where it ends); returns the launch's tiles.
+uint32_t multi_segments(V4Epi& e, const Planes* w, const int64_t* stride, uint32_t nseg) {
   TVM_FFI_ICHECK(nseg >= 1 && nseg <= V4_SEGS) << "ninfer_gemv: 1.." << V4_SEGS << " weights per multi launch";
-  V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}};
   uint32_t tiles = 0;
   for (uint32_t s = 0; s < V4_SEGS; ++s) {
     const uint32_t i = s < nseg ? s : nseg - 1;
@@ -355,13 +353,20 @@ void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* 
     e.seg_high[s] = w[i].high;
     e.seg_scales[s] = w[i].scales;
   }
+  return tiles;
+}
+
+// A V4_MULTI entry launched once per 8 activation rows at xp (bf16), each launch's outputs at its
+// rows of y_s (row stride stride_s). `blocks4`, `ks5`: the mixed entry's last two parameters (the
+// per-format entries take none past `e`; the driver reads only the parameters a kernel has).
+void launch_multi(CUfunction fn, V4Epi& e, const char* xp, int64_t rows, int64_t k, const Planes* w, char* const* y,
+                  const int64_t* stride, uint32_t nseg, uint32_t tiles, uint32_t ks, uint32_t grid, uint32_t warps,
+                  uint32_t smem, CUstream stream, uint32_t blocks4 = 0, uint32_t ks5 = 0) {
   TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(xp) % 16 == 0) << "ninfer_gemv: x must be 16-byte aligned";
-  const uint32_t ks = choose_ks_v4(bits, tiles * 16u, static_cast<uint32_t>(k));
-  const uint32_t warps = ks > 4 ? ks : 4, grid = (tiles + warps / ks - 1) / (warps / ks);
   const void* bp = w[0].base;
   const void* hp = w[0].high;
   const void* sp = w[0].scales;
-  uint32_t n32 = tiles * 16u, k32 = static_cast<uint32_t>(k), ksv = ks;
+  uint32_t n32 = tiles * 16u, k32 = static_cast<uint32_t>(k);
   for (int64_t r0 = 0; r0 < rows; r0 += 8) {
     uint32_t b = static_cast<uint32_t>(rows - r0 < 8 ? rows - r0 : 8);
     for (uint32_t s = 0; s < V4_SEGS; ++s) {
@@ -370,54 +375,39 @@ void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* 
     }
     const void* xr = xp + r0 * k * 2;
     void* yr = e.seg_y[0];
-    void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ksv, &e};
-    launch(lookup(v4_index(bits, V4_MULTI)), grid, warps * 32, v4_smem(bits, warps), stream, args);
+    void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks, &e, &blocks4, &ks5};
+    launch(fn, grid, warps * 32, smem, stream, args);
   }
 }
 
-// One mixed-format V4_MULTI launch (`ninfer_qgemv4e_q45_multi`): the q4 weights w4 (n4 of them),
-// then the q5 weights w5, n4 + n5 <= V4_SEGS, each v4_fits. Each block runs one format: the q4 part
-// at its own K split in blocks of `warps` warps, then the q5 part at its K split in blocks of the
-// same size. False (nothing launched) where the q4 tiles do not fill whole blocks.
+// One V4_MULTI launch over up to V4_SEGS weights of one format (each v4_fits): weight s writes
+// y_s[r, 0 .. n_s) with row stride stride_s, for the `rows` activation rows at xp (bf16).
+void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* w, char* const* y,
+               const int64_t* stride, uint32_t nseg, CUstream stream) {
+  V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}};
+  const uint32_t tiles = multi_segments(e, w, stride, nseg);
+  const uint32_t ks = choose_ks_v4(bits, tiles * 16u, static_cast<uint32_t>(k));
+  const uint32_t warps = ks > 4 ? ks : 4, grid = (tiles + warps / ks - 1) / (warps / ks);
+  launch_multi(lookup(v4_index(bits, V4_MULTI)), e, xp, rows, k, w, y, stride, nseg, tiles, ks, grid, warps,
+               v4_smem(bits, warps), stream);
+}
+
+// One mixed-format V4_MULTI launch (`ninfer_qgemv4e_q45_multi`): w[0 .. n4) are q4 weights, w[n4
+// .. nseg) q5 weights, each v4_fits. Each block runs one format: the q4 tiles at the q4 K split,
+// then the q5 tiles at the q5 K split, in blocks of the same size. False (nothing launched) where
+// there are not both formats or the q4 tiles do not fill whole blocks.
 bool run_multi45(const char* xp, int64_t rows, int64_t k, const Planes* w, char* const* y, const int64_t* stride,
                  uint32_t n4, uint32_t nseg, CUstream stream) {
   if (n4 == 0 || n4 >= nseg || nseg > V4_SEGS) return false;
   V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}};
-  uint32_t tiles = 0, tiles4 = 0;
-  for (uint32_t s = 0; s < V4_SEGS; ++s) {
-    const uint32_t i = s < nseg ? s : nseg - 1;
-    if (s < nseg) tiles += static_cast<uint32_t>(w[i].n / 16);
-    if (s + 1 == n4) tiles4 = tiles;
-    e.seg_end[s] = tiles;
-    e.seg_stride[s] = static_cast<uint32_t>(stride[i]);
-    e.seg_base[s] = w[i].base;
-    e.seg_high[s] = w[i].high;
-    e.seg_scales[s] = w[i].scales;
-  }
-  const uint32_t tiles5 = tiles - tiles4;
-  uint32_t k32 = static_cast<uint32_t>(k);
-  uint32_t ks4 = choose_ks_v4(4, tiles4 * 16u, k32), ks5 = choose_ks_v4(5, tiles5 * 16u, k32);
+  const uint32_t tiles = multi_segments(e, w, stride, nseg), tiles4 = e.seg_end[n4 - 1], tiles5 = tiles - tiles4;
+  const uint32_t k32 = static_cast<uint32_t>(k);
+  const uint32_t ks4 = choose_ks_v4(4, tiles4 * 16u, k32), ks5 = choose_ks_v4(5, tiles5 * 16u, k32);
   const uint32_t warps = std::max({4u, ks4, ks5});
   if (tiles4 % (warps / ks4) != 0) return false;
-  uint32_t blocks4 = tiles4 / (warps / ks4);
-  const uint32_t blocks5 = (tiles5 + warps / ks5 - 1) / (warps / ks5);
-  TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(xp) % 16 == 0) << "ninfer_gemv: x must be 16-byte aligned";
-  const void* bp = w[0].base;
-  const void* hp = w[0].high;
-  const void* sp = w[0].scales;
-  uint32_t n32 = tiles * 16u;
-  const uint32_t smem = std::max(v4_smem(4, warps), v4_smem(5, warps));
-  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
-    uint32_t b = static_cast<uint32_t>(rows - r0 < 8 ? rows - r0 : 8);
-    for (uint32_t s = 0; s < V4_SEGS; ++s) {
-      const uint32_t i = s < nseg ? s : nseg - 1;
-      e.seg_y[s] = y[i] + r0 * stride[i] * 2;
-    }
-    const void* xr = xp + r0 * k * 2;
-    void* yr = e.seg_y[0];
-    void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks4, &e, &blocks4, &ks5};
-    launch(lookup(kMulti45Index), blocks4 + blocks5, warps * 32, smem, stream, args);
-  }
+  const uint32_t blocks4 = tiles4 / (warps / ks4), blocks5 = (tiles5 + warps / ks5 - 1) / (warps / ks5);
+  launch_multi(lookup(kMulti45Index), e, xp, rows, k, w, y, stride, nseg, tiles, ks4, blocks4 + blocks5, warps,
+               std::max(v4_smem(4, warps), v4_smem(5, warps)), stream, blocks4, ks5);
   return true;
 }
 

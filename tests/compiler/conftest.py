@@ -58,6 +58,26 @@ def h200_library(fn: Callable, inputs: dict[str, tuple[list, str]], out: Path) -
     return mod.script(), lib
 
 
+def build_launcher(source: str, out_dir: Path) -> str:
+    """Compile one launcher translation unit (`cuda_extern.host_source(...)`) to an object as the
+    package build does, but under -Wall -Werror; returns its `nm` listing."""
+    import shutil
+    import subprocess
+
+    from tvm.relax.frontend import nn
+
+    from .codegen.conftest import require_tool
+
+    require_tool("g++", "the host compiler builds the launchers")
+    src, obj = out_dir / "launcher.cc", out_dir / "launcher.o"
+    src.write_text(source)
+    flags = [f for f in nn.SourceModule.get_compile_options("cpp") if f != "-O3"]
+    proc = subprocess.run([shutil.which("g++"), *flags, "-O1", "-fPIC", "-Wall", "-Werror", str(src), "-o", str(obj)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True).stdout
+
+
 def compile_op(fn: Callable, inputs: dict[str, tuple[list, str]]) -> Callable:
     """Compile `fn(*inputs)` for llvm; returns `run(*arrays) -> (outputs, inputs_after)`.
 

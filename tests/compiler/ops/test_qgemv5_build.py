@@ -15,6 +15,7 @@ import pytest
 from ninfer_compiler.ops import qgemv
 
 from ..codegen.conftest import require_tool
+from ..conftest import build_launcher
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a", "sm_121a"])
@@ -49,20 +50,9 @@ def test_v5_fatbin_is_sass_only():
 def test_v5_launcher_builds_against_tvm(tmp_path):
     """The launcher as the package links it (plan header and fatbin inlined, TVM FFI exports)."""
     require_tool("nvcc", "the CUDA toolkit builds device code")
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("g++ is not on PATH")
-    from tvm.relax.frontend import nn
-
     from ninfer_compiler.ops import cuda_extern
 
-    src = tmp_path / "launcher.cc"
-    src.write_text(cuda_extern.host_source(qgemv.host_source_v5("sm_90a"), []))
-    flags = [f for f in nn.SourceModule.get_compile_options("cpp") if f != "-O3"]
-    proc = subprocess.run([cxx, *flags, "-O1", "-fPIC", "-Wall", "-Werror", str(src), "-o", str(tmp_path / "l.o")],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    symbols = subprocess.run(["nm", str(tmp_path / "l.o")], capture_output=True, text=True).stdout
+    symbols = build_launcher(cuda_extern.host_source(qgemv.host_source_v5("sm_90a"), []), tmp_path)
     for name in (qgemv.V5_MULTI, qgemv.V5_SWIGLU, qgemv.V5_ADD):
         assert re.search(rf"\bT __tvm_ffi_{name}\b", symbols), name
 

@@ -302,22 +302,11 @@ def test_launcher_kernel_names_exist():
 def test_v4_launcher_builds_warning_free(tmp_path):
     """The grouped-int launcher as the package links it (fatbin inlined, TVM FFI exports), under
     -Wall -Werror; it exports every entry the decode graph calls."""
-    import shutil
-
-    from tvm.relax.frontend import nn
-
     from ninfer_compiler.ops import cuda_extern
 
+    from ..conftest import build_launcher
+
     require_tool("nvcc", "the CUDA toolkit builds device code")
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("g++ is not on PATH")
-    src = tmp_path / "launcher.cc"
-    src.write_text(cuda_extern.host_source(qgemv.host_source("sm_90a"), []))
-    flags = [f for f in nn.SourceModule.get_compile_options("cpp") if f != "-O3"]
-    proc = subprocess.run([cxx, *flags, "-O1", "-fPIC", "-Wall", "-Werror", str(src), "-o", str(tmp_path / "l.o")],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    symbols = subprocess.run(["nm", str(tmp_path / "l.o")], capture_output=True, text=True).stdout
+    symbols = build_launcher(cuda_extern.host_source(qgemv.host_source("sm_90a"), []), tmp_path)
     for name in ("ninfer_qgemv", "ninfer_qgemv_add", "ninfer_qgemv_swiglu", "ninfer_qgemv_multi"):
         assert re.search(rf"\bT __tvm_ffi_{name}\b", symbols), name
