@@ -61,6 +61,9 @@ KERNEL_FEATURES: dict[str, bool] = {
     # decode GEMV v4 with SwiGLU / residual-add epilogues, multi-output launches and the PDL-chained
     # RMS norm (ops/qgemv.py `v4_fused_accepts`): the fused decode ops on the v2/v3/v4 launcher
     "gemv4_fused": True,
+    # the decode norms feeding q4 SwiGLUs also write int8 activations, and those SwiGLUs run as int8
+    # tensor-core MMAs at <= 4 rows (ops/qgemv.py `norm_swiglu_int8_supported`)
+    "gemv_int8": True,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
     # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)
     "fp8_row_triton": True,

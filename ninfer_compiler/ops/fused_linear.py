@@ -92,6 +92,20 @@ def swiglu(x: nn.Tensor, gate: nn.Module, up: nn.Module) -> nn.Tensor:
     return op.silu(gate(x)) * up(x)
 
 
+def norm_swiglu(x: nn.Tensor, norm_weight: nn.Tensor, eps: float, offset: bool, gate: nn.Module,
+                up: nn.Module) -> nn.Tensor | None:
+    """`swiglu(rms_norm(x), gate, up)` where the decode norm can hand the SwiGLU its output as int8
+    activations too (q4 gate / up: `qgemv.norm_swiglu_int8_supported`), else None (the caller runs
+    the norm and `swiglu`)."""
+    if not _decode_shaped(x) or not tuned_cuda_kernels():
+        return None
+    wg, wu = linear_weight(gate), linear_weight(up)
+    if not qgemv.norm_swiglu_int8_supported(x, norm_weight, wg, wu):
+        return None
+    xn, xq = qgemv.rms_norm_xq(x, norm_weight, eps, offset)
+    return qgemv.gemv_swiglu(xn, wg, wu, xq)
+
+
 def linear_add(x: nn.Tensor, module: nn.Module, residual: nn.Tensor) -> nn.Tensor:
     """`residual + module(x)`."""
     name = "gemv_add" if _decode_shaped(x) else "qgemm_add"

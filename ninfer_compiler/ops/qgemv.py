@@ -50,7 +50,9 @@ CODES_HEADER = HERE / "qgemv_codes.h"  # code pairs shared by the v3/v4 and v5 k
 LAUNCH_HEADER = HERE / "cuda_launch.h"  # cuLaunchKernelEx's structs, for both launchers
 SYMBOL = "ninfer_qgemv"
 ADD_SYMBOL, SWIGLU_SYMBOL, MULTI_SYMBOL = "ninfer_qgemv_add", "ninfer_qgemv_swiglu", "ninfer_qgemv_multi"
+SWIGLU_I8_SYMBOL = "ninfer_qgemv_swiglu_i8"  # the SwiGLU on the norm's int8 activations (q4, <= 4 rows)
 NORM_SYMBOL = "ninfer_rms_norm"
+NORM_XQ_SYMBOL = "ninfer_rms_norm_xq"  # the norm, also writing its output as int8 activations (xq)
 NORM_MAX_K = 8192  # qgemv_cuda.cu NORM_VECS x 8 x 256 threads
 DENSE_SYMBOL = "ninfer_dense_gemv"
 DENSE_PAIR_SYMBOL = "ninfer_dense_gemv_pair"
@@ -126,6 +128,20 @@ def _infer_norm(x: nn.Tensor, weight: nn.Tensor, eps: float, offset: float) -> n
     return nn.Tensor.placeholder(list(x.shape), x.dtype)
 
 
+def xq_bytes(k: int) -> int:
+    """Bytes of the int8 activations of a K-wide input (`qgemv_cuda.cu` v4_stage_i8's xq layout:
+    512 bytes per group of 64, then a float scale per group and row 0..3)."""
+    return k * 8 + k // 256 * 64
+
+
+def _infer_norm_xq(x: nn.Tensor, weight: nn.Tensor, eps: float, offset: float) -> tuple[nn.Tensor, nn.Tensor]:
+    return _infer_norm(x, weight, eps, offset), nn.Tensor.placeholder([xq_bytes(int(x.shape[-1]))], "uint8")
+
+
+def _infer_qgemv_swiglu_i8(x: nn.Tensor, xq: nn.Tensor, bits: int, gate: nn.Tensor, *planes: nn.Tensor) -> nn.Tensor:
+    return _infer_qgemv_swiglu(x, bits, gate, *planes)
+
+
 def _infer_qgemv_multi(x: nn.Tensor, n_out: int, *rest) -> tuple[nn.Tensor, ...]:
     """(x, n_out, n_0 .. n_{n_out-1}, then 4 arguments per weight: a code, base, high, scales)."""
     counts, planes = rest[:n_out], rest[n_out:]
@@ -150,7 +166,7 @@ def _extern(target: tvm.target.Target, dense: bool = False) -> nn.SourceModule:
     compiler = f"{mtriple}-g++" if mtriple else None
     functions = ({DENSE_SYMBOL: _infer_dense, DENSE_PAIR_SYMBOL: _infer_dense_pair, NORM_SYMBOL: _infer_norm} if dense else
                  {SYMBOL: _infer_qgemv, ADD_SYMBOL: _infer_qgemv_add, SWIGLU_SYMBOL: _infer_qgemv_swiglu,
-                  MULTI_SYMBOL: _infer_qgemv_multi})
+                  SWIGLU_I8_SYMBOL: _infer_qgemv_swiglu_i8, MULTI_SYMBOL: _infer_qgemv_multi})
     module = nn.SourceModule(
         functions,
         source_code=host_source(str(target.arch), dense),
@@ -187,8 +203,9 @@ def dense_pair_supported(x: nn.Tensor, weights: Sequence[LinearWeight]) -> bool:
 
 def _call_outputs(symbol: str, args: list, outs: Sequence[nn.Tensor]) -> tuple[nn.Tensor, ...]:
     """A call of a registered extern with several outputs (nn's extern call takes one output only);
-    int arguments become int64 prim values."""
-    exprs = [a._expr if isinstance(a, nn.Tensor) else relax.prim_value(tirx.IntImm("int64", a)) for a in args]  # noqa: SLF001
+    int arguments become int64 prim values (relax expressions pass as they are)."""
+    exprs = [a._expr if isinstance(a, nn.Tensor) else a if isinstance(a, relax.Expr)  # noqa: SLF001
+             else relax.prim_value(tirx.IntImm("int64", a)) for a in args]
     call = relax.op.call_dps_packed(symbol, relax.Tuple(exprs), [o._expr.ty for o in outs])  # noqa: SLF001
     out = wrap_nested(call, symbol)
     return tuple(out) if isinstance(out, tuple | list) else (out,)
@@ -335,6 +352,34 @@ def rms_norm_pdl(x: nn.Tensor, weight: nn.Tensor, eps: float, offset: bool) -> n
     return _extern(tvm.target.Target.current(), dense=True)[NORM_SYMBOL](x, weight, float(eps), 1.0 if offset else 0.0)
 
 
+# ---- int8 activations: the norm writes them, the q4 SwiGLU reads them (docs/kernels/decode-gemv-v4.md,
+# "eighth pass") --------------------------------------------------------------------------------------
+
+
+def int8_enabled() -> bool:
+    """Whether decode norms feeding q4 SwiGLUs also write int8 activations for them (the kernel
+    feature "gemv_int8"; NINFER_GEMV_INT8=0 at run time keeps the bf16 entries, for measurements)."""
+    return kernel_feature("gemv_int8")
+
+
+def norm_swiglu_int8_supported(x: nn.Tensor, weight: nn.Tensor, gate: LinearWeight | None,
+                               up: LinearWeight | None) -> bool:
+    """Whether `rms_norm_xq` + `gemv_swiglu(..., xq)` take this decode norm and these weights: the
+    norm kernel's input, K a multiple of 256, and a q4 SwiGLU that v4 runs."""
+    return (int8_enabled() and not v5_enabled() and gate is not None and up is not None and norm_supported(x, weight)
+            and int(x.shape[-1]) % 256 == 0 and gate.fmt == "q4_g64_fp16"
+            and v4_fused_accepts(x, [gate, up], op="swiglu"))
+
+
+def rms_norm_xq(x: nn.Tensor, weight: nn.Tensor, eps: float, offset: bool) -> tuple[nn.Tensor, nn.Tensor]:
+    """`rms_norm_pdl`, also returning rows 0..3 of its output as int8 activations (`xq_bytes` uint8)."""
+    args = [x, weight, relax.prim_value(tirx.FloatImm("float64", float(eps))),
+            relax.prim_value(tirx.FloatImm("float64", 1.0 if offset else 0.0))]
+    _extern(tvm.target.Target.current(), dense=True)  # registers the launcher
+    outs = _infer_norm_xq(x, weight, eps, 1.0 if offset else 0.0)
+    return _call_outputs(NORM_XQ_SYMBOL, args, outs)
+
+
 def _v4_planes(w: LinearWeight) -> list:
     return [w.base, w.base if w.high is None else w.high, w.scales]
 
@@ -389,9 +434,13 @@ def gemv_multi(x: nn.Tensor, outputs: Sequence[Sequence[LinearWeight]]) -> tuple
     return _call_outputs(V5_MULTI, args, _infer_v5_multi(*args))
 
 
-def gemv_swiglu(x: nn.Tensor, gate: LinearWeight, up: LinearWeight) -> nn.Tensor:
-    """`silu(x Wg^T) * (x Wu^T)` from the two fp32 accumulators of the same rows, one bf16 rounding."""
+def gemv_swiglu(x: nn.Tensor, gate: LinearWeight, up: LinearWeight, xq: nn.Tensor | None = None) -> nn.Tensor:
+    """`silu(x Wg^T) * (x Wu^T)` from the two fp32 accumulators of the same rows, one bf16 rounding.
+    `xq`: x as the norm's int8 activations (`rms_norm_xq`), read instead of x at <= 4 rows."""
     if not v5_enabled() and v4_fused_accepts(x, [gate, up], op="swiglu"):
+        if xq is not None:
+            return _extern(tvm.target.Target.current())[SWIGLU_I8_SYMBOL](x, xq, gate.bits, *_v4_planes(gate),
+                                                                          *_v4_planes(up))
         return _extern(tvm.target.Target.current())[SWIGLU_SYMBOL](x, gate.bits, *_v4_planes(gate), *_v4_planes(up))
     if not fused_accepts(x, [gate, up], op="swiglu"):
         raise ValueError("gemv_swiglu: unsupported inputs (see fused_accepts)")

@@ -634,6 +634,69 @@ __device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* 
   }
 }
 
+// ------------------------------------------------------------------------------------------------
+// int8 q4 stage (`I8` entries, docs/kernels/decode-gemv-v4.md "eighth pass"): the q4 codes as int8 A
+// fragments of `mma.m16n8k32.s8` (each nibble in the top half of a byte: (w << 4) & 0xF0F0F0F0 and
+// w & 0xF0F0F0F0 are 16 x code, 3 ALU ops per 8 codes, no bf16 code construction) against
+// activations prepared by the decode norm (`rms_norm_body`, "xq" layout below): batch row j is MMA
+// columns 2j (hi) and 2j + 1 (lo), x = s (hi + lo / 254) with s = max |x| / 127 per group of 64 k
+// (hi, lo int8), so the products keep ~15 bits of each group's range and b <= 4.
+//
+// xq layout (bytes, K % 256 == 0): group G (64 k) is 32 chunks of 16 bytes at G * 512; chunk
+// (c, n) = lane-in-quad c (0..3) and MMA column n (0..7) at (G * 32 + c * 8 + n) * 16 holds k =
+// 64 G + 16 c + 8 j + 2 i + o at byte 8 j + 4 o + i (j, o in 0..1, i in 0..3): the B fragments of
+// the two MMAs of a group (b0 = even k, b1 = odd k), in the k order the A fragments of a thread's
+// two words imply (word j: low nibbles = even k, high nibbles = odd k). Scales after the chunks, at
+// K * 8 bytes: float [K / 256][row 4][group-in-stage 4], each s / (254 x 16).
+__device__ __forceinline__ void imma_s8(int* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1, bool zero) {
+  if (zero)
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+  else
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One stage at `s` into acc[0] (row g) and acc[2] (row g + 8) of batch c; `xq`, `xsc`: the stage's
+// 2,048 bytes of activations and 16 scales; `xslot`: the stage's columns 0 and 1 staged in the slot
+// (one row), else nullptr.
+__device__ __forceinline__ void v4_stage_i8(const uint8_t* s, const uint8_t* xq, const float* xsc, uint32_t g,
+                                            uint32_t c, float* acc, const uint8_t* xslot) {
+  constexpr uint32_t BASE = V4<4>::BASE;
+  uint4 xv[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    xv[q] = xslot != nullptr ? *reinterpret_cast<const uint4*>(xslot + (q * 8u + c * 2u + (g & 1u)) * 16u)
+                             : ld_dep16(xq + q * 512 + (c * 8u + g) * 16u);  // columns >= 2 b: never stored
+  const uint4 sxv = ld_dep16(xsc + c * 4u);  // this thread's batch c (rows >= b are never stored)
+  const __half2* sc = reinterpret_cast<const __half2*>(s + BASE);
+  const __half2 sca01 = sc[2u * g], sca23 = sc[2u * g + 1u], scb01 = sc[2u * g + 16u], scb23 = sc[2u * g + 17u];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t boff = ((((2u * q) + (c >> 1)) ^ ((g & 3u) << 1)) << 4) + (c & 1u) * 8u;
+    const uint2 wa = *reinterpret_cast<const uint2*>(s + g * 128u + boff);
+    const uint2 wb = *reinterpret_cast<const uint2*>(s + (g + 8u) * 128u + boff);
+    int t[4];
+    // each nibble in the top half of its byte: the signed byte is 16 x code (two's complement)
+    imma_s8(t, (wa.x << 4) & 0xF0F0F0F0u, (wb.x << 4) & 0xF0F0F0F0u, wa.x & 0xF0F0F0F0u, wb.x & 0xF0F0F0F0u, xv[q].x,
+            xv[q].y, true);
+    imma_s8(t, (wa.y << 4) & 0xF0F0F0F0u, (wb.y << 4) & 0xF0F0F0F0u, wa.y & 0xF0F0F0F0u, wb.y & 0xF0F0F0F0u, xv[q].z,
+            xv[q].w, false);
+    // t[0], t[1]: row g, columns 2c (hi), 2c + 1 (lo); t[2], t[3]: row g + 8
+    const float sx = __uint_as_float(q == 0 ? sxv.x : q == 1 ? sxv.y : q == 2 ? sxv.z : sxv.w);
+    const __half2 ha = q < 2 ? sca01 : sca23, hb = q < 2 ? scb01 : scb23;
+    const float s_a = (q & 1) ? __high2float(ha) : __low2float(ha);
+    const float s_b = (q & 1) ? __high2float(hb) : __low2float(hb);
+    // sum_k code x = sx / (254 x 16) * sum 16 code (254 hi + lo); exact in int32 (|.| < 2^29)
+    const float va = static_cast<float>(t[0] * 254 + t[1]), vb = static_cast<float>(t[2] * 254 + t[3]);
+    acc[0] = fmaf(va, s_a * sx, acc[0]);
+    acc[2] = fmaf(vb, s_b * sx, acc[2]);
+  }
+}
+
 // What a v4 launch computes besides the plain product (`ninfer_qgemv4e_*`; the original entries
 // are the plain mode without PDL). Each output element is rounded once, after the epilogue in fp32.
 enum V4Mode : uint32_t {
@@ -659,6 +722,7 @@ struct V4Epi {
   const uint8_t* seg_high[V4_SEGS];
   const __half* seg_scales[V4_SEGS];
   __nv_bfloat16* seg_y[V4_SEGS];
+  const float* x_scales;  // I8 entries: the activation scales of the xq layout (x is the xq bytes)
 };
 
 // a[s] by selects (an indexed parameter array would be copied to local memory)
@@ -694,7 +758,7 @@ __device__ __forceinline__ float v4_finish(float v, float up, const V4Epi& e, ui
 // so both halves of an output tile sit in one block and meet in shared memory.
 // `blk`, `tile0`: this block's index among the blocks of its format and the launch tile its tiles
 // start from (blockIdx.x and 0, except in the mixed-format multi entry).
-template <int BITS, typename TY, bool PDL, uint32_t MODE>
+template <int BITS, typename TY, bool PDL, uint32_t MODE, bool I8 = false>
 __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ base,
                                         const uint8_t* __restrict__ high, const __half* __restrict__ scales,
                                         TY* __restrict__ y, uint32_t n_rows, uint32_t k, uint32_t b_rows,
@@ -728,11 +792,16 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   }
   const uint32_t groups = k >> 6, units = k >> 8;
   const uint32_t ubeg = kpart * units / ks, uend = (kpart + 1u) * units / ks, n_units = uend - ubeg;
-  uint8_t* ring = v4_smem + warp * (STAGES * STAGE);
+  static_assert(!I8 || (BITS == 4 && PDL), "int8 stages: q4 launcher entries only");
+  // I8 at one row: each slot also holds the stage's activations (512 B: columns 0 and 1 of its 4
+  // groups), copied a stage ahead with the weights, so no stage waits for them
+  const bool xst = I8 && b_rows == 1;
+  const uint32_t slot_bytes = STAGE + (xst ? 512u : 0u);
+  uint8_t* ring = v4_smem + warp * (STAGES * slot_bytes);
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   // ring slots as running offsets: `fill` is where the next copy goes, `use` what the next stage reads
   uint32_t fill = 0u, use = 0u;
-  const auto next_slot = [](uint32_t o) { return o + STAGE == STAGES * STAGE ? 0u : o + STAGE; };
+  const auto next_slot = [slot_bytes](uint32_t o) { return o + slot_bytes == STAGES * slot_bytes ? 0u : o + slot_bytes; };
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const bool active = row0 < n_rows;
@@ -751,18 +820,50 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   }
   if (active) {
     const __nv_bfloat16* xs = x + (g < b_rows ? g : 0u) * k + c * 16u + ubeg * 256u;
+    // I8: lane l copies chunk (group l / 8, c = (l / 2) % 4, column l % 2) of each staged stage
+    const uint8_t* xsrc = reinterpret_cast<const uint8_t*>(x) + ubeg * 2048u + (lane >> 3) * 512u +
+                          (((lane >> 1) & 3u) * 8u + (lane & 1u)) * 16u;
+    if (xst) {
+      uint32_t f = 0u;
+      for (uint32_t j = 0; j + 1u < STAGES; ++j) {
+        if (j < n_units) cp_async16(ring_s + f + STAGE + lane * 16u, xsrc);
+        xsrc += 2048u;
+        f = next_slot(f);
+      }
+      cp_async_commit();  // the prologue stages' activations: after their weights, after the PDL wait
+    }
 #pragma unroll 1
     for (uint32_t i = 0; i < n_units; ++i) {
-      cp_async_wait<STAGES - 2>();  // this thread's copies of stage i have landed
+      if (xst && i == 0u)
+        cp_async_wait<0>();  // ... so the first stage waits for every prologue group
+      else
+        cp_async_wait<STAGES - 2>();  // this thread's copies of stage i have landed
       __syncwarp();                 // ... and every lane's; also: stage i - 1 is no longer read
-      if (i + STAGES - 1u < n_units) v4_copy<BITS>(ring_s + fill, lp);
+      if (i + STAGES - 1u < n_units) {
+        v4_copy<BITS>(ring_s + fill, lp);
+        if (xst) cp_async16(ring_s + fill + STAGE + lane * 16u, xsrc);
+      }
+      xsrc += 2048u;
       fill = next_slot(fill);
       cp_async_commit();
-      v4_stage<BITS, PDL>(ring + use, xs, g, c, acc);
+      if (I8)
+        v4_stage_i8(ring + use, reinterpret_cast<const uint8_t*>(x) + (ubeg + i) * 2048u, e.x_scales + (ubeg + i) * 16u,
+                    g, c, acc, xst ? ring + use + STAGE : nullptr);
+      else
+        v4_stage<BITS, PDL>(ring + use, xs, g, c, acc);
       use = next_slot(use);
       xs += 256;
     }
     cp_async_wait<0>();
+  }
+  if (I8) {  // acc[0], acc[2]: rows g, g + 8 of batch c -> the layout below
+    const uint32_t l0 = g * 4u + ((2u * c) & 3u), l1 = g * 4u + ((2u * c + 1u) & 3u);
+    const float r0 = __shfl_sync(0xFFFFFFFFu, acc[0], l0), r1 = __shfl_sync(0xFFFFFFFFu, acc[0], l1);
+    const float r2 = __shfl_sync(0xFFFFFFFFu, acc[2], l0), r3 = __shfl_sync(0xFFFFFFFFu, acc[2], l1);
+    acc[0] = r0;
+    acc[1] = r1;
+    acc[2] = r2;
+    acc[3] = r3;
   }
   // D: acc[0..1] = row g, batch cols 2c, 2c + 1; acc[2..3] = row g + 8, same cols
   if (ks == 1 && !swiglu) {
@@ -811,7 +912,7 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
       ninfer_qgemv4_q##BITS##_y##TAG(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, \
                                      const __half* scales, TY* y, uint32_t n_rows, uint32_t k,        \
                                      uint32_t b_rows, uint32_t ks) {                                  \
-    const V4Epi e{nullptr, nullptr, nullptr, nullptr, n_rows, {}, {}, {}, {}, {}, {}};                \
+    const V4Epi e{nullptr, nullptr, nullptr, nullptr, n_rows, {}, {}, {}, {}, {}, {}, nullptr};       \
     v4_body<BITS, TY, false, V4_PLAIN>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u); \
   }
 
@@ -839,6 +940,17 @@ NINFER_QGEMV4E_MODES(4)
 NINFER_QGEMV4E_MODES(5)
 NINFER_QGEMV4E_MODES(6)
 
+// q4 on int8 activations (`v4_stage_i8`; x is the xq bytes, `e.x_scales` their scales; b <= 4).
+#define NINFER_QGEMV4E_I8(MODE, TAG)                                                                  \
+  extern "C" __global__ void NINFER_V4_BOUNDS                                                         \
+      ninfer_qgemv4e_q4_##TAG##_i8(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high,    \
+                                   const __half* scales, __nv_bfloat16* y, uint32_t n_rows, uint32_t k,  \
+                                   uint32_t b_rows, uint32_t ks, const V4Epi e) {                      \
+    v4_body<4, __nv_bfloat16, true, MODE, true>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u); \
+  }
+NINFER_QGEMV4E_I8(V4_PLAIN, plain)
+NINFER_QGEMV4E_I8(V4_SWIGLU, swiglu)
+
 // One V4_MULTI launch over q4 and q5 weights of one input (a mixer's projections: GDN q, k | v, z;
 // attention q, k | gate, v): one tail and one PDL hand-over instead of two. The segment table lists
 // the q4 weights first; blocks [0, blocks4) run their tiles as the q4 entry does (K split `ks`),
@@ -854,6 +966,7 @@ extern "C" __global__ void NINFER_V4_BOUNDS ninfer_qgemv4e_q45_multi(
     v4_body<5, __nv_bfloat16, true, V4_MULTI>(x, base, high, scales, y, n_rows, k, b_rows, ks5, e,
                                               blockIdx.x - blocks4, blocks4 * (warps / ks));
 }
+
 
 #endif  // NINFER_GEMV_DENSE_ONLY
 
@@ -974,10 +1087,43 @@ __device__ __forceinline__ void norm_weight8(const __nv_bfloat16* w, uint32_t i,
   }
 }
 
+// The int8 activations of one 8-element vector v of batch row r (< 4) into `xq` (the layout of
+// `v4_stage_i8`, K % 64 == 0): the 8 lanes of a group of 64 share its scale (s = max |x| / 127, x =
+// s (hi + lo / 254)); every lane of the warp calls this (`valid`: whether v is a vector of the row).
+__device__ __forceinline__ void norm_xq8(const uint32_t (&o)[4], uint32_t v, uint32_t r, uint32_t k, bool valid,
+                                         uint8_t* xq) {
+  float f[8], m = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(o[i] << 16);
+    f[2 * i + 1] = __uint_as_float(o[i] & 0xFFFF0000u);
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(f[i]));
+#pragma unroll
+  for (int d = 1; d < 8; d <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, d));  // the group's 8 lanes
+  if (!valid) return;
+  const float sh = m > 0.f ? m / 127.f : 1.f, inv = 1.f / sh;
+  uint32_t hw[2] = {0u, 0u}, lw[2] = {0u, 0u};  // [odd]: bytes i = element 2 i + odd
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float hi = fminf(fmaxf(rintf(f[e] * inv), -127.f), 127.f);
+    const float lo = fminf(fmaxf(rintf((f[e] - hi * sh) * (254.f * inv)), -127.f), 127.f);
+    hw[e & 1] |= (static_cast<uint32_t>(static_cast<int>(hi)) & 0xFFu) << (8 * (e >> 1));
+    lw[e & 1] |= (static_cast<uint32_t>(static_cast<int>(lo)) & 0xFFu) << (8 * (e >> 1));
+  }
+  const uint32_t grp = v >> 3, m8 = v & 7u;  // lane-in-quad m8 / 2, word m8 % 2 of its chunk
+  uint8_t* chunk = xq + (grp * 32u + (m8 >> 1) * 8u + 2u * r) * 16u + (m8 & 1u) * 8u;
+  *reinterpret_cast<uint2*>(chunk) = make_uint2(hw[0], hw[1]);
+  *reinterpret_cast<uint2*>(chunk + 16u) = make_uint2(lw[0], lw[1]);
+  if (m8 == 0u) reinterpret_cast<float*>(xq + 8u * k)[(grp >> 2) * 16u + r * 4u + (grp & 3u)] = sh / (254.f * 16.f);
+}
+
 // Weights are loaded before the wait, x once into registers after it; one reduction, one store.
+// `xq` (nullptr: none): rows 0..3 also as the int8 activations of the I8 GEMV entries.
 template <typename TW>
 __device__ __forceinline__ void rms_norm_body(const __nv_bfloat16* x, const TW* __restrict__ w, __nv_bfloat16* y,
-                                              uint32_t k, float eps, float offset) {
+                                              uint32_t k, float eps, float offset, uint8_t* xq = nullptr) {
   __shared__ float red[NORM_THREADS / 32];
   const uint32_t tid = threadIdx.x, vecs = k >> 3;
   float wv[NORM_VECS][8];
@@ -1011,9 +1157,11 @@ __device__ __forceinline__ void rms_norm_body(const __nv_bfloat16* x, const TW* 
   for (int i = 0; i < NORM_THREADS / 32; ++i) total += red[i];
   const float inv = rsqrtf(total / static_cast<float>(k) + eps);
   uint4* yr = reinterpret_cast<uint4*>(y + static_cast<size_t>(blockIdx.x) * k);
+  const bool with_xq = xq != nullptr && blockIdx.x < 4u;
 #pragma unroll
   for (uint32_t j = 0; j < NORM_VECS; ++j) {
-    if (tid + j * NORM_THREADS >= vecs) continue;
+    const bool valid = tid + j * NORM_THREADS < vecs;
+    if (!valid && !with_xq) continue;
     const uint32_t q[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
     uint32_t o[4];
 #pragma unroll
@@ -1022,7 +1170,8 @@ __device__ __forceinline__ void rms_norm_body(const __nv_bfloat16* x, const TW* 
                                                      __uint_as_float(q[i] & 0xFFFF0000u) * inv * wv[j][2 * i + 1]);
       o[i] = *reinterpret_cast<const uint32_t*>(&h);
     }
-    yr[tid + j * NORM_THREADS] = make_uint4(o[0], o[1], o[2], o[3]);
+    if (valid) yr[tid + j * NORM_THREADS] = make_uint4(o[0], o[1], o[2], o[3]);
+    if (with_xq) norm_xq8(o, tid + j * NORM_THREADS, blockIdx.x, k, valid, xq);  // (uniform per block)
   }
 }
 }  // namespace
@@ -1036,4 +1185,17 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     ninfer_rms_norm_wbf16(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, uint32_t k, float eps,
                           float offset) {
   rms_norm_body<__nv_bfloat16>(x, w, y, k, eps, offset);
+}
+
+// The same, rows 0..3 also written as int8 activations (`norm_xq8`; K % 256 == 0).
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    ninfer_rms_norm_xq_wf32(const __nv_bfloat16* x, const float* w, __nv_bfloat16* y, uint32_t k, float eps,
+                            float offset, uint8_t* xq) {
+  rms_norm_body<float>(x, w, y, k, eps, offset, xq);
+}
+
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    ninfer_rms_norm_xq_wbf16(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, uint32_t k, float eps,
+                             float offset, uint8_t* xq) {
+  rms_norm_body<__nv_bfloat16>(x, w, y, k, eps, offset, xq);
 }

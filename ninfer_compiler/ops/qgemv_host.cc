@@ -65,9 +65,10 @@ const Driver& driver() {
 // Kernel names of this build, indexed by kernel_index / dense_index.
 #ifndef NINFER_GEMV_DENSE_ONLY
 // v2: 4 formats x 4 batch sizes x 2 dtypes; v3: q4/q5/q6; v4 (the launcher's entries): q4/q5/q6 x
-// 4 epilogues, and the mixed q4 + q5 multi entry
-constexpr int kKernels = 32 + 3 + 12 + 1;
+// 4 epilogues, the mixed q4 + q5 multi entry, and q4 plain / SwiGLU on int8 activations
+constexpr int kKernels = 32 + 3 + 12 + 1 + 2;
 constexpr int kMulti45Index = 47;
+constexpr int kI8Index = 48;  // + 0: plain, + 1: SwiGLU (`v4_stage_i8`)
 
 // v4's ring depth per format; must equal the kernel's (tests/compiler/ops/test_qgemv_v4.py checks).
 #define NINFER_V4_STAGES_Q4 2
@@ -90,13 +91,15 @@ struct V4Epi {
   const void* seg_high[V4_SEGS];
   const void* seg_scales[V4_SEGS];
   void* seg_y[V4_SEGS];
+  const void* x_scales;
 };
 
 // Dynamic shared memory of a v4 block: warps x stages x (16 rows x 4 groups of base, high, scales).
-uint32_t v4_smem(int bits, uint32_t warps) {
+// `x_staged`: an int8 entry at one activation row, whose slots also hold 512 bytes of activations.
+uint32_t v4_smem(int bits, uint32_t warps, bool x_staged = false) {
   const uint32_t hb = bits == 5 ? 8 : bits == 6 ? 16 : 0;
   const uint32_t stages = bits == 4 ? NINFER_V4_STAGES_Q4 : bits == 5 ? NINFER_V4_STAGES_Q5 : NINFER_V4_STAGES_Q6;
-  return warps * stages * (16 * 128 + 16 * 4 * hb + 16 * 8);
+  return warps * stages * (16 * 128 + 16 * 4 * hb + 16 * 8 + (x_staged ? 512 : 0));
 }
 
 int kernel_index(int bits, int batch, bool f32) {
@@ -109,6 +112,7 @@ int v3_index(int bits) { return 32 + (bits - 4); }
 int v4_index(int bits, uint32_t mode) { return 35 + 4 * (bits - 4) + static_cast<int>(mode); }
 
 std::string kernel_name(int i) {
+  if (i >= kI8Index) return i == kI8Index ? "ninfer_qgemv4e_q4_plain_i8" : "ninfer_qgemv4e_q4_swiglu_i8";
   if (i == kMulti45Index) return "ninfer_qgemv4e_q45_multi";
   if (i >= 35) {
     const char* modes[4] = {"plain", "add", "swiglu", "multi"};
@@ -121,13 +125,17 @@ std::string kernel_name(int i) {
          (i >= 16 ? "_f32" : "_bf16");
 }
 #else
-constexpr int kKernels = 4 + 2;  // batch 1, 2, 4, 8; the RMS norm with an fp32 / bf16 weight
+constexpr int kKernels = 4 + 4;  // batch 1, 2, 4, 8; the RMS norm with an fp32 / bf16 weight, without / with xq
 constexpr int kNormIndex = 4;
 
 int dense_index(int batch) { return batch == 1 ? 0 : batch == 2 ? 1 : batch <= 4 ? 2 : 3; }
 
 std::string kernel_name(int i) {
-  if (i >= kNormIndex) return i == kNormIndex ? "ninfer_rms_norm_wf32" : "ninfer_rms_norm_wbf16";
+  if (i >= kNormIndex) {
+    const char* names[4] = {"ninfer_rms_norm_wf32", "ninfer_rms_norm_wbf16", "ninfer_rms_norm_xq_wf32",
+                            "ninfer_rms_norm_xq_wbf16"};
+    return names[i - kNormIndex];
+  }
   const int batches[4] = {1, 2, 4, 8};
   return "ninfer_dense_bf16_b" + std::to_string(batches[i]);
 }
@@ -165,7 +173,8 @@ CUfunction lookup(int index) {
 #ifndef NINFER_GEMV_DENSE_ONLY
     if (i >= 35) {  // v4 asks for more than the 48 KB of shared memory that need no opt-in
       rc = d.func_set_attribute(fn, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */,
-                                static_cast<int>(i == kMulti45Index
+                                static_cast<int>(i >= kI8Index ? v4_smem(4, kV4MaxWarps, true)
+                                                 : i == kMulti45Index
                                                      ? std::max(v4_smem(4, kV4MaxWarps), v4_smem(5, kV4MaxWarps))
                                                      : v4_smem((i - 35) / 4 + 4, kV4MaxWarps)));
       TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: cuFuncSetAttribute failed with " << rc;
@@ -193,6 +202,16 @@ using ninfer_launch::pdl_enabled;
 bool merge_enabled() {
   static const bool on = [] {
     const char* v = getenv("NINFER_GEMV_MERGE");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+
+// Whether q4 projections with int8 activations from the norm run the int8 entries (the default;
+// NINFER_GEMV_INT8=0: the bf16 ones on the norm's bf16 output, for measurements).
+bool int8_enabled() {
+  static const bool on = [] {
+    const char* v = getenv("NINFER_GEMV_INT8");
     return v == nullptr || v[0] != '0';
   }();
   return on;
@@ -278,8 +297,9 @@ bool v4_fits(bool f32, int bits, const Planes& w, int64_t k) {
 
 // y[r, y_off + n] (row stride y_stride) for the `rows` activation rows at xp: plain, `residual + ...`
 // (V4_ADD) or `silu(...) * (x up^T)` (V4_SWIGLU; `up` has w's shape). The epilogues run on v4 only.
+// `xq`: x also as int8 activations (the norm's xq layout, rows <= 4), or nullptr.
 void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Planes& w, char* yp, int64_t y_stride,
-         uint32_t mode, const Planes* up, const char* residual, CUstream stream) {
+         uint32_t mode, const Planes* up, const char* residual, CUstream stream, const char* xq = nullptr) {
   const int64_t n = w.n;
   TVM_FFI_ICHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8) << "ninfer_gemv: no kernel for " << bits << "-bit codes";
   TVM_FFI_ICHECK(k % 128 == 0 && n % 4 == 0) << "ninfer_gemv: unsupported shape";
@@ -327,15 +347,19 @@ void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Plan
     const int batch = b == 1 ? 1 : b == 2 ? 2 : b <= 4 ? 4 : 8;
     const bool v4 = v4_ok && (v4_size || mode != V4_PLAIN);
     const bool v3 = !v4 && v3_ok && !(b == 1 && small);
-    CUfunction fn = lookup(v4 ? v4_index(bits, mode) : v3 ? v3_index(bits) : kernel_index(bits, batch, f32));
-    const void* xr = xp + r0 * k * esize;
+    // int8 activations: q4 plain / SwiGLU on v4 with at most 4 rows (all of x in the xq layout)
+    const bool i8 = v4 && xq != nullptr && rows <= 4 && bits == 4 && (mode == V4_PLAIN || mode == V4_SWIGLU) &&
+                    int8_enabled();
+    CUfunction fn = lookup(i8 ? kI8Index + (mode == V4_SWIGLU ? 1 : 0)
+                              : v4 ? v4_index(bits, mode) : v3 ? v3_index(bits) : kernel_index(bits, batch, f32));
+    const void* xr = i8 ? static_cast<const void*>(xq) : static_cast<const void*>(xp + r0 * k * esize);
     void* yr = yp + r0 * y_stride * esize;
     uint32_t ks = v4 ? ks4 : v3 ? ks3 : ks2;
     V4Epi e{up ? up->base : nullptr, up ? up->high : nullptr, up ? up->scales : nullptr,
-            residual ? residual + r0 * n * 2 : nullptr, ys, {}, {}, {}, {}, {}, {}};
+            residual ? residual + r0 * n * 2 : nullptr, ys, {}, {}, {}, {}, {}, {}, i8 ? xq + k * 8 : nullptr};
     void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks, v4 ? static_cast<void*>(&e) : static_cast<void*>(&ys)};
     const uint32_t grid = v4 ? grid4 : v3 ? grid3 : grid2, threads = v4 ? warps4 * 32 : v3 ? threads3 : 256;
-    launch(fn, grid, threads, v4 ? v4_smem(bits, warps4) : 0, stream, args);
+    launch(fn, grid, threads, v4 ? v4_smem(bits, warps4, i8 && b == 1) : 0, stream, args);
   }
 }
 
@@ -384,7 +408,7 @@ void launch_multi(CUfunction fn, V4Epi& e, const char* xp, int64_t rows, int64_t
 // y_s[r, 0 .. n_s) with row stride stride_s, for the `rows` activation rows at xp (bf16).
 void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* w, char* const* y,
                const int64_t* stride, uint32_t nseg, CUstream stream) {
-  V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}};
+  V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}, nullptr};
   const uint32_t tiles = multi_segments(e, w, stride, nseg);
   const uint32_t ks = choose_ks_v4(bits, tiles * 16u, static_cast<uint32_t>(k));
   const uint32_t warps = ks > 4 ? ks : 4, grid = (tiles + warps / ks - 1) / (warps / ks);
@@ -399,7 +423,7 @@ void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* 
 bool run_multi45(const char* xp, int64_t rows, int64_t k, const Planes* w, char* const* y, const int64_t* stride,
                  uint32_t n4, uint32_t nseg, CUstream stream) {
   if (n4 == 0 || n4 >= nseg || nseg > V4_SEGS) return false;
-  V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}};
+  V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}, nullptr};
   const uint32_t tiles = multi_segments(e, w, stride, nseg), tiles4 = e.seg_end[n4 - 1], tiles5 = tiles - tiles4;
   const uint32_t k32 = static_cast<uint32_t>(k);
   const uint32_t ks4 = choose_ks_v4(4, tiles4 * 16u, k32), ks5 = choose_ks_v4(5, tiles5 * 16u, k32);
@@ -455,6 +479,23 @@ void qgemv_swiglu(tvm::ffi::TensorView x, int64_t bits, tvm::ffi::TensorView gb,
   TVM_FFI_ICHECK(!is_f32(x) && g.n == n && u.n == n) << "ninfer_gemv: swiglu needs bf16 x and gate/up of y's rows";
   run(address(x), false, x.numel() / k, k, static_cast<int>(bits), g, address(y), n, V4_SWIGLU, &u, nullptr,
       stream_of(x));
+}
+
+// The size in bytes of x's int8 activations (the norm's xq layout, `qgemv_cuda.cu` v4_stage_i8).
+int64_t xq_bytes(int64_t k) { return k * 8 + k / 256 * 64; }
+
+// `qgemv_swiglu` where the norm also wrote x as int8 activations `xq` (used at <= 4 rows)
+void qgemv_swiglu_i8(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, int64_t bits, tvm::ffi::TensorView gb,
+                     tvm::ffi::TensorView gh, tvm::ffi::TensorView gs, tvm::ffi::TensorView ub, tvm::ffi::TensorView uh,
+                     tvm::ffi::TensorView us, tvm::ffi::TensorView y) {
+  const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
+  const Planes g = planes(gb, gh, gs, bits, k), u = planes(ub, uh, us, bits, k);
+  TVM_FFI_ICHECK(!is_f32(x) && g.n == n && u.n == n) << "ninfer_gemv: swiglu needs bf16 x and gate/up of y's rows";
+  TVM_FFI_ICHECK(k % 256 == 0 && xq.dtype().code == kDLUInt && xq.dtype().bits == 8 && xq.numel() == xq_bytes(k) &&
+                 reinterpret_cast<uintptr_t>(address(xq)) % 16 == 0)
+      << "ninfer_gemv: swiglu_i8 needs K % 256 == 0 and 16-byte aligned uint8 xq of " << xq_bytes(k) << " bytes";
+  run(address(x), false, x.numel() / k, k, static_cast<int>(bits), g, address(y), n, V4_SWIGLU, &u, nullptr,
+      stream_of(x), address(xq));
 }
 
 }  // namespace
@@ -551,6 +592,7 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_multi(void*, const TVMF
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv, qgemv);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add, qgemv_add);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_swiglu, qgemv_swiglu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_swiglu_i8, qgemv_swiglu_i8);
 #else
 // bf16 weights: `y[b, n] = sum_k x[b, k] * w[n, k]`, one block of 256 threads per row; with `w2`,
 // the rows of a second weight into `y2` in the same launch.
@@ -597,7 +639,8 @@ void dense_gemv_pair(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::T
 }
 
 // y = x * rsqrt(mean(x^2) + eps) * (w + offset) over the last axis (bf16 x and y, fp32 or bf16 w)
-void rms_norm(tvm::ffi::TensorView x, tvm::ffi::TensorView w, double eps, double offset, tvm::ffi::TensorView y) {
+void rms_norm_run(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, double eps, double offset,
+                  const tvm::ffi::TensorView& y, const tvm::ffi::TensorView* xq) {
   const int64_t k = x.shape()[x.ndim() - 1];
   const bool wf32 = w.dtype().code == kDLFloat && w.dtype().bits == 32;
   const auto is_bf16 = [](const tvm::ffi::TensorView& t) { return t.dtype().code == kDLBfloat && t.dtype().bits == 16; };
@@ -610,17 +653,35 @@ void rms_norm(tvm::ffi::TensorView x, tvm::ffi::TensorView w, double eps, double
   void* yp = address(y);
   TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(xp) % 16 == 0 && reinterpret_cast<uintptr_t>(yp) % 16 == 0)
       << "ninfer_rms_norm: x and y must be 16-byte aligned";
+  void* qp = nullptr;
+  if (xq != nullptr) {
+    qp = address(*xq);
+    TVM_FFI_ICHECK(k % 256 == 0 && xq->dtype().code == kDLUInt && xq->dtype().bits == 8 &&
+                   xq->numel() == k * 8 + k / 256 * 64 && reinterpret_cast<uintptr_t>(qp) % 16 == 0)
+        << "ninfer_rms_norm_xq: needs K % 256 == 0 and 16-byte aligned uint8 xq of " << k * 8 + k / 256 * 64 << " bytes";
+  }
   uint32_t k32 = static_cast<uint32_t>(k);
   float e = static_cast<float>(eps), off = static_cast<float>(offset);
-  void* args[] = {&xp, &wp, &yp, &k32, &e, &off};
+  void* args[] = {&xp, &wp, &yp, &k32, &e, &off, &qp};
   const int64_t rows = x.numel() / k;
-  if (rows > 0) launch(lookup(kNormIndex + (wf32 ? 0 : 1)), static_cast<uint32_t>(rows), 256, 0,
-                         TVMFFIEnvGetStream(kDLCUDA, x.device().device_id), args);
+  if (rows > 0) launch(lookup(kNormIndex + (wf32 ? 0 : 1) + (xq != nullptr ? 2 : 0)), static_cast<uint32_t>(rows), 256,
+                         0, TVMFFIEnvGetStream(kDLCUDA, x.device().device_id), args);
+}
+
+void rms_norm(tvm::ffi::TensorView x, tvm::ffi::TensorView w, double eps, double offset, tvm::ffi::TensorView y) {
+  rms_norm_run(x, w, eps, offset, y, nullptr);
+}
+
+// The same, rows 0..3 of y also written as int8 activations into xq (for `ninfer_qgemv_swiglu_i8`)
+void rms_norm_xq(tvm::ffi::TensorView x, tvm::ffi::TensorView w, double eps, double offset, tvm::ffi::TensorView y,
+                 tvm::ffi::TensorView xq) {
+  rms_norm_run(x, w, eps, offset, y, &xq);
 }
 
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_dense_gemv_pair, dense_gemv_pair);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_rms_norm, rms_norm);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_rms_norm_xq, rms_norm_xq);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_dense_gemv, dense_gemv);
 #endif

@@ -13,9 +13,12 @@ scalar) at the launcher's geometry (`qgemv_host.cc`: K split, warps per block, s
 27B decode projections: numerics at batch 1..8 against float64 numpy (NaN-poisoned outputs, rows
 subset for N > 4,096), then per-launch time at batch 1, 2, 4 and 8 inside a CUDA graph, rotating over
 weight copies so that L2 cannot hold them, against the read / copy bandwidth measured in the run.
-With the `cur` build it first checks the mixed-format multi entry (`ninfer_qgemv4e_q45_multi`, the
-mixers' q4 + q5 projections, `MIXED`) the same way and times it against the two per-format launches
-it replaces. It prints a table last and writes `qgemv_v4e.json`.
+With the `cur` build it first checks the q4 entries on int8 activations (`ninfer_qgemv4e_q4_{plain,
+swiglu}_i8`, their activations written by the norm `ninfer_rms_norm_xq_wbf16`, `I8_CASES`) against
+float64 on the norm's output and times them against the bf16 entries on it (and the `d1` build's
+loads-only entry where that build is there), then the mixed-format multi entry
+(`ninfer_qgemv4e_q45_multi`, the mixers' q4 + q5 projections, `MIXED`) the same way against the two
+per-format launches it replaces. It prints a table last and writes `qgemv_v4e.json`.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ BUILDS = {
     "r128": ["-DNINFER_V4_MAXREG=128"],
     "d1": ["-DNINFER_V4_DIAG=1"],  # loads only (no numerics): the streaming limit of the build
 }
+# the q4 entries on int8 activations (`i8_check`): (mode, N, K), SwiGLU: gate and up of N rows each
+I8_CASES = {"q4 swiglu 2x17408x5120": ("swiglu", 17408, 5120), "q4 plain 6144x5120": ("plain", 6144, 5120),
+            "q4 plain 2048x5120": ("plain", 2048, 5120), "q4 plain 5120x17408": ("plain", 5120, 17408)}
 DIAG = {"d1"}
 # (mode, format, N, K): the 27B decode launches of the fused entries (swiglu: gate and up of N rows each)
 CASES = {
@@ -57,7 +63,7 @@ MODES = {"plain": 0, "add": 1, "swiglu": 2}
 EPI = np.dtype([("up_base", "<u8"), ("up_high", "<u8"), ("up_scales", "<u8"), ("residual", "<u8"),
                 ("y_stride", "<u4"), ("seg_end", "<u4", (4,)), ("seg_stride", "<u4", (4,)),
                 ("seg_base", "<u8", (4,)), ("seg_high", "<u8", (4,)), ("seg_scales", "<u8", (4,)),
-                ("seg_y", "<u8", (4,))], align=True)  # = V4Epi (qgemv_cuda.cu)
+                ("seg_y", "<u8", (4,)), ("x_scales", "<u8")], align=True)  # = V4Epi (qgemv_cuda.cu)
 
 
 def geometry(mode: str, bits: int, n: int, k: int, ks: int = 0) -> tuple[int, int, int]:
@@ -100,6 +106,78 @@ MIXED = {
     "attn q,k q4 | gate,v q5": [(4, 6144), (4, 1024), (5, 6144), (5, 1024)],
 }
 MIXED_K = 5120
+
+
+def i8_check(cp, mods, say, rng, reps: int, function) -> tuple[bool, list]:  # noqa: ANN001
+    """The q4 entries on int8 activations (`ninfer_qgemv4e_q4_{plain,swiglu}_i8`, the activations
+    written by the norm `ninfer_rms_norm_xq_wbf16`) against float64 on the norm's bf16 output at
+    b = 1..4, and their time against the bf16 entries on that output (and the `d1` build's
+    loads-only entry where it is there)."""
+    u32, ok, rows_out = np.uint32, True, []
+    norm = mods["cur"].get_function("ninfer_rms_norm_xq_wbf16")
+    for name, (mode, n, k) in I8_CASES.items():
+        nw = 2 if mode == "swiglu" else 1
+        nbytes = n * k // 64 * 34 * nw
+        copies = max(1, min(40, -(-200_000_000 // nbytes)))
+
+        def planes(n=n, k=k):
+            base = cp.random.randint(0, 256, size=(n, k // 2), dtype=cp.int32).astype(cp.uint8)
+            sc = cp.random.uniform(0.5, 1.5, size=(n, k // 64)) * cp.random.choice(cp.array([-1.0, 1.0]), size=(n, k // 64))
+            return base, base, (sc / 64).astype(cp.float16)
+
+        sets = [[planes() for _ in range(nw)] for _ in range(copies)]
+        rows = np.arange(n) if n <= 4096 else np.r_[np.arange(1024), np.arange(n - 1024, n)]
+        ref_w = [decode_planes(cp.asnumpy(p[0][rows]), None, cp.asnumpy(p[2][rows]), 4) for p in sets[0]]
+        grid, warps, ks = geometry(mode, 4, n, k)
+        xq = cp.zeros(k * 8 + k // 256 * 64, dtype=cp.uint8)
+        nwb = (rng.standard_normal(k) * 0.1).astype(np.float32)
+        nw16 = cp.asarray((nwb.view(np.uint32) >> 16).astype(np.uint16))  # bf16 norm weight (offset 1)
+
+        def gemv(tag, ws, x, y, b, i8, grid=grid, warps=warps, ks=ks, n=n, k=k, mode=mode, xq=xq):
+            epi = np.zeros((), dtype=EPI)
+            epi["y_stride"] = n
+            if len(ws) == 2:
+                epi["up_base"], epi["up_high"], epi["up_scales"] = (int(a.data.ptr) for a in ws[1])
+            if i8:
+                epi["x_scales"] = int(xq.data.ptr) + 8 * k
+            smem = warps * STAGES[4] * (_v4_stage_bytes(4) + (512 if i8 and b == 1 else 0))
+            entry = f"ninfer_qgemv4e_q4_{mode}" + ("_i8" if i8 else "")
+            function(tag, entry, 4)((grid,), (warps * 32,), (xq if i8 else x, *ws[0], y, u32(n), u32(k), u32(b),
+                                                             u32(ks), epi[()]), shared_mem=smem)
+
+        def normalize(h, xn, b, k=k, xq=xq, nw16=nw16):
+            norm((b,), (256,), (h, nw16, xn, u32(k), np.float32(1e-6), np.float32(1.0), xq))
+
+        err = 0.0
+        for b in range(1, 5):
+            h = cp.asarray((rng.standard_normal((b, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+            xn = cp.zeros((b, k), dtype=cp.uint16)
+            normalize(h, xn, b)
+            x64 = (cp.asnumpy(xn).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+            acc = [x64 @ w.T for w in ref_w]
+            ref = acc[0] / (1 + np.exp(-acc[0])) * acc[1] if mode == "swiglu" else acc[0]
+            y = cp.full((b, n), 0x7FC0, dtype=cp.uint16)
+            gemv("cur", sets[0], xn, y, b, True)
+            got = (cp.asnumpy(y).astype(np.uint32) << 16).view(np.float32)[:, rows].astype(np.float64)
+            e = float(np.abs(got - ref).max() / np.abs(ref).max())
+            err = max(err, e if np.isfinite(e) else float("inf"))
+        ok &= err <= 1e-2
+        for b in (1, 2, 4):
+            h = cp.asarray((rng.standard_normal((b, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+            xn = cp.zeros((b, k), dtype=cp.uint16)
+            normalize(h, xn, b)
+            y = cp.zeros((b, n), dtype=cp.uint16)
+            t_norm = graph_us(lambda i, h=h, xn=xn, b=b: normalize(h, xn, b), 20, reps)
+            t = {label: graph_us(lambda i, xn=xn, y=y, b=b, s=sets, tag=tag, i8=i8: gemv(tag, s[i % len(s)], xn, y, b, i8),
+                                 max(copies, 20), reps)
+                 for label, tag, i8 in (("int8", "cur", True), ("bf16", "cur", False), ("loads only", "d1", False))
+                 if tag in mods}
+            rows_out.append((name, b, nbytes, err, t_norm, t))
+            say(f"i8 {name:24} {nbytes / 1e6:5.1f} MB b={b} err {err:.2e}  norm with xq {t_norm:.2f} us; "
+                + ", ".join(f"{lab} {v:.2f} us ({nbytes / v / 1e3:.0f} GB/s)" for lab, v in t.items()))
+        sets = None
+        cp.get_default_memory_pool().free_all_blocks()
+    return ok, rows_out
 
 
 def mixed_check(cp, mod, say, rng, reps: int) -> tuple[bool, list]:  # noqa: ANN001
@@ -209,7 +287,7 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
     def function(tag: str, name: str, bits: int):
         if (tag, name) not in cache:
             fn = mods[tag].get_function(name)
-            fn.max_dynamic_shared_size_bytes = 8 * STAGES[bits] * _v4_stage_bytes(bits)  # 8 warps: the most
+            fn.max_dynamic_shared_size_bytes = 8 * STAGES[bits] * (_v4_stage_bytes(bits) + 512)  # the most
             cache[(tag, name)] = fn
         return cache[(tag, name)]
 
@@ -221,9 +299,13 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
     say(f"device bandwidth, 1 GiB: copy kernel {copy_gb_s:.0f} GB/s (read + write), read kernel {read_gb_s:.0f} GB/s")
     rng = np.random.default_rng(0)
     errors, timings, ok = [], [], True
-    mixed_rows = []
+    mixed_rows, i8_rows = [], []
     if "cur" in mods:
-        ok, mixed_rows = mixed_check(cp, mods["cur"], say, rng, reps)
+        i8_ok, i8_rows = i8_check(cp, mods, say, rng, reps, function)
+        ok &= i8_ok
+    if "cur" in mods:
+        mixed_ok, mixed_rows = mixed_check(cp, mods["cur"], say, rng, reps)
+        ok &= mixed_ok
     for name, (mode, bits, n, k) in cases.items():
         hb = {4: 0, 5: 8, 6: 16}[bits]
         per_weight = n * k // 64 * (32 + hb + 2)
@@ -293,7 +375,8 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
         sets = None
         cp.get_default_memory_pool().free_all_blocks()
     (out / "qgemv_v4e.json").write_text(json.dumps({"copy_gb_s": copy_gb_s, "read_gb_s": read_gb_s, "errors": errors,
-                                                     "timings": timings, "mixed": mixed_rows}, indent=1))
+                                                     "timings": timings, "mixed": mixed_rows,
+                                                     "i8": i8_rows}, indent=1))
     say("\nmax |y - ref| / max |ref| over b = 1..8 (float64 reference, bf16 output):")
     for name in cases:
         labels = dict.fromkeys(tt for (c, tt, _, _) in errors if c == name)
@@ -321,7 +404,13 @@ def main() -> int:
     parser.add_argument("--cases", help="cupy: mode:bits:N:K,... instead of the 27B launches")
     parser.add_argument("--builds", help="cupy: comma-separated build tags (default: every fatbin there)")
     parser.add_argument("--ks", type=int, default=0, help="cupy: K split for every case (default: the launcher's)")
+    parser.add_argument("--i8-cases", help="cupy: mode:N:K,... of the int8 check instead of I8_CASES")
     args = parser.parse_args()
+    if args.i8_cases:
+        I8_CASES.clear()
+        for spec in args.i8_cases.split(","):
+            mode, n, k = spec.split(":")
+            I8_CASES[f"q4 {mode} {n}x{k}"] = (mode, int(n), int(k))
     if args.action == "fatbins":
         sys.path.insert(0, str(ROOT))
         fatbins(args.baseline)

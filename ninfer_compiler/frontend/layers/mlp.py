@@ -7,6 +7,7 @@ from tvm.relax.frontend import nn
 from ...ops import fused_linear
 from ..options import WeightPlan
 from .linear import make_linear
+from .norms import OffsetRMSNorm
 
 
 class SwiGLU(nn.Module):
@@ -23,3 +24,11 @@ class SwiGLU(nn.Module):
     def forward_add(self, x: nn.Tensor, residual: nn.Tensor) -> nn.Tensor:
         """`residual + forward(x)`, the add fused into the down projection where it can be."""
         return fused_linear.linear_add(fused_linear.swiglu(x, self.gate, self.up), self.down, residual)
+
+    def forward_norm_add(self, norm: OffsetRMSNorm, x: nn.Tensor) -> nn.Tensor:
+        """`x + forward(norm(x))` (a decoder layer's feed-forward half); at decode the norm may also
+        hand the gate / up its output as int8 activations (`fused_linear.norm_swiglu`)."""
+        h = fused_linear.norm_swiglu(x, norm.weight, norm.eps, True, self.gate, self.up)
+        if h is None:
+            h = fused_linear.swiglu(norm(x), self.gate, self.up)
+        return fused_linear.linear_add(h, self.down, x)

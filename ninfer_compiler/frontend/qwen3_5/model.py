@@ -121,7 +121,7 @@ class Qwen35DecoderLayer(nn.Module):
                 self.cache_index, step.chunked, residual=x,
             )  # fmt: skip
             caches = replace(caches, gdn_state=gdn_state, conv_state=conv_state)
-        x = self.mlp.forward_add(self.post_attention_norm(x), residual=x)
+        x = self.mlp.forward_norm_add(self.post_attention_norm, x)
         return x, caches
 
 
