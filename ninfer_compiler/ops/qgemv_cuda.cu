@@ -1103,15 +1103,24 @@ __device__ __forceinline__ void norm_xq8(const uint32_t (&o)[4], uint32_t v, uin
 #pragma unroll
   for (int d = 1; d < 8; d <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, d));  // the group's 8 lanes
   if (!valid) return;
-  const float sh = m > 0.f ? m / 127.f : 1.f, inv = 1.f / sh;
-  uint32_t hw[2] = {0u, 0u}, lw[2] = {0u, 0u};  // [odd]: bytes i = element 2 i + odd
+  // any s works as long as hi and lo use the same one (lo keeps the residual): fast reciprocal
+  const float sh = m > 0.f ? m * (1.f / 127.f) : 1.f, inv = __frcp_rn(sh);
+  // rounding to integers by adding 1.5 x 2^23 (full-rate FP ops, no conversions): the low byte of
+  // the sum's bits is the rounded value's two's-complement byte; |hi| <= 127 and |lo| <= 127 by
+  // construction (|x| <= max, |x - s hi| <= s / 2), so nothing saturates
+  constexpr float MAGIC = 12582912.f;
+  uint32_t hb[8], lb[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
-    const float hi = fminf(fmaxf(rintf(f[e] * inv), -127.f), 127.f);
-    const float lo = fminf(fmaxf(rintf((f[e] - hi * sh) * (254.f * inv)), -127.f), 127.f);
-    hw[e & 1] |= (static_cast<uint32_t>(static_cast<int>(hi)) & 0xFFu) << (8 * (e >> 1));
-    lw[e & 1] |= (static_cast<uint32_t>(static_cast<int>(lo)) & 0xFFu) << (8 * (e >> 1));
+    const float yh = f[e] * inv + MAGIC, hi = yh - MAGIC;
+    const float yl = (f[e] - hi * sh) * (254.f * inv) + MAGIC;
+    hb[e] = __float_as_uint(yh);
+    lb[e] = __float_as_uint(yl);
   }
+  const auto pack = [](const uint32_t* b, int o) {  // low bytes of b[o], b[o + 2], b[o + 4], b[o + 6]
+    return __byte_perm(__byte_perm(b[o], b[o + 2], 0x0040u), __byte_perm(b[o + 4], b[o + 6], 0x0040u), 0x5410u);
+  };
+  const uint32_t hw[2] = {pack(hb, 0), pack(hb, 1)}, lw[2] = {pack(lb, 0), pack(lb, 1)};  // [odd]: element 2 i + odd
   const uint32_t grp = v >> 3, m8 = v & 7u;  // lane-in-quad m8 / 2, word m8 % 2 of its chunk
   uint8_t* chunk = xq + (grp * 32u + (m8 >> 1) * 8u + 2u * r) * 16u + (m8 & 1u) * 8u;
   *reinterpret_cast<uint2*>(chunk) = make_uint2(hw[0], hw[1]);
@@ -1161,7 +1170,8 @@ __device__ __forceinline__ void rms_norm_body(const __nv_bfloat16* x, const TW* 
 #pragma unroll
   for (uint32_t j = 0; j < NORM_VECS; ++j) {
     const bool valid = tid + j * NORM_THREADS < vecs;
-    if (!valid && !with_xq) continue;
+    // (a warp with no vector of the row skips; groups of 8 lanes are whole since K % 64 == 0)
+    if (!valid && (!with_xq || (tid & ~31u) + j * NORM_THREADS >= vecs)) continue;
     const uint32_t q[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
     uint32_t o[4];
 #pragma unroll

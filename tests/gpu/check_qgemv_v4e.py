@@ -115,6 +115,7 @@ def i8_check(cp, mods, say, rng, reps: int, function) -> tuple[bool, list]:  # n
     loads-only entry where it is there)."""
     u32, ok, rows_out = np.uint32, True, []
     norm = mods["cur"].get_function("ninfer_rms_norm_xq_wbf16")
+    plain_norm = mods["cur"].get_function("ninfer_rms_norm_wbf16")
     for name, (mode, n, k) in I8_CASES.items():
         nw = 2 if mode == "swiglu" else 1
         nbytes = n * k // 64 * 34 * nw
@@ -168,12 +169,15 @@ def i8_check(cp, mods, say, rng, reps: int, function) -> tuple[bool, list]:  # n
             normalize(h, xn, b)
             y = cp.zeros((b, n), dtype=cp.uint16)
             t_norm = graph_us(lambda i, h=h, xn=xn, b=b: normalize(h, xn, b), 20, reps)
+            t_plain = graph_us(lambda i, h=h, xn=xn, b=b, k=k, nw16=nw16: plain_norm(
+                (b,), (256,), (h, nw16, xn, u32(k), np.float32(1e-6), np.float32(1.0))), 20, reps)
             t = {label: graph_us(lambda i, xn=xn, y=y, b=b, s=sets, tag=tag, i8=i8: gemv(tag, s[i % len(s)], xn, y, b, i8),
                                  max(copies, 20), reps)
                  for label, tag, i8 in (("int8", "cur", True), ("bf16", "cur", False), ("loads only", "d1", False))
                  if tag in mods}
-            rows_out.append((name, b, nbytes, err, t_norm, t))
-            say(f"i8 {name:24} {nbytes / 1e6:5.1f} MB b={b} err {err:.2e}  norm with xq {t_norm:.2f} us; "
+            rows_out.append((name, b, nbytes, err, t_norm, t_plain, t))
+            say(f"i8 {name:24} {nbytes / 1e6:5.1f} MB b={b} err {err:.2e}  norm with xq {t_norm:.2f} us "
+                f"(without {t_plain:.2f}); "
                 + ", ".join(f"{lab} {v:.2f} us ({nbytes / v / 1e3:.0f} GB/s)" for lab, v in t.items()))
         sets = None
         cp.get_default_memory_pool().free_all_blocks()
