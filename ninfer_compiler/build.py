@@ -56,8 +56,10 @@ def export_module(
     `upper_bounds` (`{function: {dim: max}}`) defaults to `model.upper_bounds()`.
     """
     mod, named_params, ext_mods = model.export_tvm(spec=model.get_export_spec(), allow_extern=True)
-    if ext_mods:  # our CUDA kernels (ops/qgemv.py), linked into the library
-        mod = relax.transform.AttachExternModules(ext_mods)(mod)
+    if ext_mods:  # our CUDA kernels' host launchers, compiled (or taken from the cache) and linked in
+        from .codegen.toolchain import host_objects
+
+        mod = relax.transform.AttachExternModules(host_objects(ext_mods))(mod)
     bounds_by_func = model.upper_bounds() if upper_bounds is None else upper_bounds
     for func_name, bounds in bounds_by_func.items():
         gv = mod.get_global_var(func_name)

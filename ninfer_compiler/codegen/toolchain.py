@@ -13,7 +13,9 @@ Three things must hold for `tvm.compile` to put SASS (not CUDA source) into the 
 
 `cuda_build()` sets all three up and restores the previous callback afterwards. Compiled
 device code is cached by (provider version, nvcc version, arch, flags, source digest) under
-`kernel_cache_dir()`, so rebuilding a package with unchanged kernels skips nvcc.
+`kernel_cache_dir()`, so rebuilding a package with unchanged kernels skips nvcc. The host
+launchers of our extern kernels (`nn.SourceModule`s, C++ against TVM's headers, several seconds of
+g++ each) are cached there too (`host_objects`), keyed by compiler, flags, TVM version and source.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 import tvm
@@ -36,6 +41,8 @@ import tvm_ffi
 
 # Bump when the way we invoke nvcc changes, so stale cache entries are not reused.
 PROVIDER_VERSION = "ninfer-nvcc-1"
+# Bump when the way host launchers are compiled or keyed changes.
+HOST_PROVIDER_VERSION = "ninfer-host-1"
 CALLBACK = "tvm_callback_cuda_compile"
 CUDA_MODULE_FACTORY = "ffi.Module.create.cuda"
 # Driver symbols libtvm_runtime_cuda.so 0.27 imports; more are added if loading reports them.
@@ -227,3 +234,61 @@ def nvcc_fatbin(source: Path, arch: str, defines: tuple[str, ...] = (), tag: str
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return data
+
+
+# ---- host launchers with an object cache -----------------------------------------------------
+
+
+@cache
+def _compiler_identity(cc: str) -> str:
+    """The resolved compiler binary and its `--version` banner (part of every host object's key)."""
+    path = shutil.which(cc)
+    if path is None:
+        raise ToolchainError(f"the host C++ compiler {cc} is not on PATH")
+    proc = subprocess.run([path, "--version"], capture_output=True, text=True)
+    return f"{os.path.realpath(path)}\0{proc.stdout.strip()}"
+
+
+def _host_object_key(module) -> str:  # noqa: ANN001 (nn.SourceModule)
+    from tvm.support import cc as tvm_cc
+
+    cc = module.compiler or tvm_cc.get_cc()
+    if cc is None:
+        raise ToolchainError("no host C++ compiler (g++) to build the kernel launchers")
+    parts = [HOST_PROVIDER_VERSION, tvm.__version__, getattr(tvm_ffi, "__version__", ""), _compiler_identity(cc),
+             *module.compile_options, module.source_suffix, module.source_code]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _host_object(module) -> Path:  # noqa: ANN001 (nn.SourceModule)
+    """`module` compiled to an object file in the kernel cache (compiled now if not there)."""
+    path = kernel_cache_dir() / "host" / f"{_host_object_key(module)}{module.output_suffix}"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        module.compile(tmp)
+        os.replace(tmp, path)  # atomic: a concurrent build sees no object or a whole one
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def host_objects(modules: Sequence) -> list:
+    """`modules` (the extern modules of an export) with each `nn.SourceModule` replaced by an
+    `nn.ObjectModule` over its cached object; the objects not cached yet compile in parallel.
+
+    The cache key holds everything the object depends on but the contents of the headers the
+    flags name (TVM's, versioned by TVM's version, and the compiler's own)."""
+    from tvm.relax.frontend import nn
+
+    sources = [m for m in modules if isinstance(m, nn.SourceModule)]
+    workers = min(len(sources), os.cpu_count() or 1)
+    if workers > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            objects = dict(zip(map(id, sources), pool.map(_host_object, sources), strict=True))
+    else:
+        objects = {id(m): _host_object(m) for m in sources}
+    return [nn.ObjectModule(m._symbols, objects[id(m)]) if id(m) in objects else m  # noqa: SLF001
+            for m in modules]
