@@ -86,6 +86,18 @@ def nvcc_version() -> str:
     return match.group(0) if match else out.strip().splitlines()[-1]
 
 
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write a cache file so that a concurrent reader (another build, a parallel test process)
+    sees either no file or the whole of it, never a partly written one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 # ---- TVM's CUDA sidecar on a driverless machine ---------------------------------------------
 
 
@@ -185,10 +197,7 @@ def _compiler(stats: BuildStats):
         start = time.perf_counter()
         binary = bytes(tvm_nvcc.compile_cuda(str(code), target_format="fatbin", compiler="nvcc"))
         stats.nvcc_seconds += time.perf_counter() - start
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(binary)
-        os.replace(tmp, path)
+        write_atomic(path, binary)
         return bytearray(binary)
 
     return compile_cuda
@@ -231,8 +240,7 @@ def nvcc_fatbin(source: Path, arch: str, defines: tuple[str, ...] = (), tag: str
         if proc.returncode != 0:
             raise ToolchainError(f"nvcc failed on {source.name}:\n{proc.stderr[-4000:]}")
         data = out.read_bytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    write_atomic(path, data)
     return data
 
 

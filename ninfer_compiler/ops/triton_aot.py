@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..codegen.toolchain import ToolchainError, kernel_cache_dir, nvcc_path
+from ..codegen.toolchain import ToolchainError, kernel_cache_dir, nvcc_path, write_atomic
 
 POINTER_ALIGN = 16  # every pointer argument is compiled assuming this alignment (checked at launch)
 
@@ -232,11 +232,12 @@ def compile_kernel(
         raise ToolchainError(f"{fn.fn.__name__}: thread-block clusters are not supported")
     cubin = bytes(compiled.asm["cubin"])
     image = KernelImage(meta.name, cubin, wrap_fatbin(cubin, arch), int(meta.shared), int(meta.num_warps))
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cubin_path.write_bytes(image.cubin)
-    fatbin_path.write_bytes(image.fatbin)
-    meta_path.write_text(json.dumps({"name": image.name, "shared": image.shared,
-                                     "num_warps": image.num_warps}))
+    # each file whole or not at all, the metadata last: a concurrent build that sees all three
+    # reads complete files
+    write_atomic(cubin_path, image.cubin)
+    write_atomic(fatbin_path, image.fatbin)
+    write_atomic(meta_path, json.dumps({"name": image.name, "shared": image.shared,
+                                        "num_warps": image.num_warps}).encode())
     return image
 
 
