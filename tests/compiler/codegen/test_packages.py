@@ -65,6 +65,13 @@ def test_library_is_aot_for_its_target(packages, name):
     assert manifest["cache"]["kv_dtype"] == "bfloat16"
 
 
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_bf16_package_has_no_qgemv(packages, name):
+    """A bf16 package has no grouped-int weight, so it must not carry our GEMV (test_qgemv_package.py
+    checks the groupwise-int packages that do)."""
+    assert b"ninfer_qgemv" not in (packages[name][0] / "model.so").read_bytes()
+
+
 def test_dgx_spark_library_is_aarch64(packages):
     if shutil.which("file") is None:
         pytest.skip("`file` is not installed (the ELF header check above covers the same)")
