@@ -557,6 +557,29 @@ __device__ __forceinline__ void v4_copy(uint32_t slot, V4Lane& l) {
   l.scales += 8u;
 }
 
+// A slot's fp16 group scales of rows g (a) and g + 8 (b), two groups per half2, and group q's as fp32.
+struct V4Scales {
+  __half2 a01, a23, b01, b23;
+};
+
+__device__ __forceinline__ V4Scales v4_scales(const uint8_t* scales, uint32_t g) {
+  const __half2* sc = reinterpret_cast<const __half2*>(scales);
+  return {sc[2u * g], sc[2u * g + 1u], sc[2u * g + 16u], sc[2u * g + 17u]};
+}
+
+__device__ __forceinline__ float v4_scale(__half2 s01, __half2 s23, int q) {
+  const __half2 h = q < 2 ? s01 : s23;
+  return (q & 1) ? __high2float(h) : __low2float(h);
+}
+
+// This thread's 8 base bytes of group q in rows g (wa) and g + 8 (wb) of the slot at `s`; the rows
+// share the swizzle (it depends on r % 4, r / 2 % 4 and r / 4 % 2 only).
+__device__ __forceinline__ void v4_base_words(const uint8_t* s, uint32_t g, uint32_t c, int q, uint2& wa, uint2& wb) {
+  const uint32_t boff = ((((2u * q) + (c >> 1)) ^ ((g & 3u) << 1)) << 4) + (c & 1u) * 8u;
+  wa = *reinterpret_cast<const uint2*>(s + g * 128u + boff);
+  wb = *reinterpret_cast<const uint2*>(s + (g + 8u) * 128u + boff);
+}
+
 // The 4 groups of one stage (at `s`, generic pointer to shared memory) into acc, as v3 does per group.
 // `xs`: this thread's activations of the stage (batch row g, or row 0 for the padding columns g >=
 // b_rows: their products land in output columns that are never stored).
@@ -575,14 +598,11 @@ __device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* 
       xv[q][1] = PDL ? ld_dep16(xp + 1) : __ldg(xp + 1);
     }
   }
-  const __half2* sc = reinterpret_cast<const __half2*>(s + BASE + HIGH);
-  const __half2 sca01 = sc[2u * g], sca23 = sc[2u * g + 1u], scb01 = sc[2u * g + 16u], scb23 = sc[2u * g + 17u];
+  const V4Scales sc = v4_scales(s + BASE + HIGH, g);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    // rows g and g + 8 share the swizzle (it depends on r % 4, r / 2 % 4 and r / 4 % 2 only)
-    const uint32_t boff = ((((2u * q) + (c >> 1)) ^ ((g & 3u) << 1)) << 4) + (c & 1u) * 8u;
-    const uint2 wa = *reinterpret_cast<const uint2*>(s + g * 128u + boff);
-    const uint2 wb = *reinterpret_cast<const uint2*>(s + (g + 8u) * 128u + boff);
+    uint2 wa, wb;
+    v4_base_words(s, g, c, q, wa, wb);
     HighBits fa0{0u, 0u}, fa1{0u, 0u}, fb0{0u, 0u}, fb1{0u, 0u};
     uint32_t hva = 0u, hvb = 0u;  // (measurement builds)
     if (BITS == 5) {  // one byte per 8-lane word: byte loads, no masking
@@ -608,7 +628,7 @@ __device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* 
     const uint4 x0 = xv[q][0], x1 = xv[q][1];
     if (NINFER_V4_DIAG == 1) {  // every loaded word feeds the result, no conversion, no MMA
       acc[q] += __uint_as_float((wa.x ^ wb.y ^ hva ^ x0.x ^ x1.w) & 0x3FFFFFFFu) +
-                __uint_as_float((wa.y ^ wb.x ^ hvb ^ x0.z ^ x1.y) & 0x3FFFFFFFu) * __low2float(q < 2 ? sca01 : scb23);
+                __uint_as_float((wa.y ^ wb.x ^ hvb ^ x0.z ^ x1.y) & 0x3FFFFFFFu) * __low2float(q < 2 ? sc.a01 : sc.b23);
       continue;
     }
     float t[4];
@@ -624,9 +644,7 @@ __device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* 
       else
         mma_bf16(t, a0, a1, a2, a3, b0, b1);
     }
-    const __half2 ha = q < 2 ? sca01 : sca23, hb = q < 2 ? scb01 : scb23;
-    const float s_a = (q & 1) ? __high2float(ha) : __low2float(ha);
-    const float s_b = (q & 1) ? __high2float(hb) : __low2float(hb);
+    const float s_a = v4_scale(sc.a01, sc.a23, q), s_b = v4_scale(sc.b01, sc.b23, q);
     acc[0] = fmaf(t[0], s_a, acc[0]);
     acc[1] = fmaf(t[1], s_a, acc[1]);
     acc[2] = fmaf(t[2], s_b, acc[2]);
@@ -672,13 +690,11 @@ __device__ __forceinline__ void v4_stage_i8(const uint8_t* s, const uint8_t* xq,
     xv[q] = xslot != nullptr ? *reinterpret_cast<const uint4*>(xslot + (q * 8u + c * 2u + (g & 1u)) * 16u)
                              : ld_dep16(xq + q * 512 + (c * 8u + g) * 16u);  // columns >= 2 b: never stored
   const uint4 sxv = ld_dep16(xsc + c * 4u);  // this thread's batch c (rows >= b are never stored)
-  const __half2* sc = reinterpret_cast<const __half2*>(s + BASE);
-  const __half2 sca01 = sc[2u * g], sca23 = sc[2u * g + 1u], scb01 = sc[2u * g + 16u], scb23 = sc[2u * g + 17u];
+  const V4Scales sc = v4_scales(s + BASE, g);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const uint32_t boff = ((((2u * q) + (c >> 1)) ^ ((g & 3u) << 1)) << 4) + (c & 1u) * 8u;
-    const uint2 wa = *reinterpret_cast<const uint2*>(s + g * 128u + boff);
-    const uint2 wb = *reinterpret_cast<const uint2*>(s + (g + 8u) * 128u + boff);
+    uint2 wa, wb;
+    v4_base_words(s, g, c, q, wa, wb);
     int t[4];
     // each nibble in the top half of its byte: the signed byte is 16 x code (two's complement)
     imma_s8(t, (wa.x << 4) & 0xF0F0F0F0u, (wb.x << 4) & 0xF0F0F0F0u, wa.x & 0xF0F0F0F0u, wb.x & 0xF0F0F0F0u, xv[q].x,
@@ -687,9 +703,7 @@ __device__ __forceinline__ void v4_stage_i8(const uint8_t* s, const uint8_t* xq,
             xv[q].w, false);
     // t[0], t[1]: row g, columns 2c (hi), 2c + 1 (lo); t[2], t[3]: row g + 8
     const float sx = __uint_as_float(q == 0 ? sxv.x : q == 1 ? sxv.y : q == 2 ? sxv.z : sxv.w);
-    const __half2 ha = q < 2 ? sca01 : sca23, hb = q < 2 ? scb01 : scb23;
-    const float s_a = (q & 1) ? __high2float(ha) : __low2float(ha);
-    const float s_b = (q & 1) ? __high2float(hb) : __low2float(hb);
+    const float s_a = v4_scale(sc.a01, sc.a23, q), s_b = v4_scale(sc.b01, sc.b23, q);
     // sum_k code x = sx / (254 x 16) * sum 16 code (254 hi + lo); exact in int32 (|.| < 2^29)
     const float va = static_cast<float>(t[0] * 254 + t[1]), vb = static_cast<float>(t[2] * 254 + t[3]);
     acc[0] = fmaf(va, s_a * sx, acc[0]);
