@@ -106,6 +106,21 @@ def norm_swiglu(x: nn.Tensor, norm_weight: nn.Tensor, eps: float, offset: bool, 
     return qgemv.gemv_swiglu(xn, wg, wu, xq)
 
 
+def norm_mlp_add(x: nn.Tensor, norm_weight: nn.Tensor, eps: float, offset: bool, gate: nn.Module, up: nn.Module,
+                 down: nn.Module) -> nn.Tensor | None:
+    """`x + down(swiglu(rms_norm(x), gate, up))` with int8 activations between all three kernels at
+    decode (the norm's for the q4 gate / up, the SwiGLU's for the q4 / q5 down:
+    `qgemv.mlp_int8_supported`), else None (the caller composes `norm_swiglu` and `linear_add`)."""
+    if not _decode_shaped(x) or not tuned_cuda_kernels():
+        return None
+    wg, wu, wd = linear_weight(gate), linear_weight(up), linear_weight(down)
+    if not qgemv.mlp_int8_supported(x, norm_weight, wg, wu, wd):
+        return None
+    xn, xq = qgemv.rms_norm_xq(x, norm_weight, eps, offset)
+    h, hq = qgemv.gemv_swiglu_xq(xn, wg, wu, xq)
+    return qgemv.gemv_add_i8(h, hq, wd, x)
+
+
 def linear_add(x: nn.Tensor, module: nn.Module, residual: nn.Tensor) -> nn.Tensor:
     """`residual + module(x)`."""
     name = "gemv_add" if _decode_shaped(x) else "qgemm_add"

@@ -51,6 +51,9 @@ LAUNCH_HEADER = HERE / "cuda_launch.h"  # cuLaunchKernelEx's structs, for both l
 SYMBOL = "ninfer_qgemv"
 ADD_SYMBOL, SWIGLU_SYMBOL, MULTI_SYMBOL = "ninfer_qgemv_add", "ninfer_qgemv_swiglu", "ninfer_qgemv_multi"
 SWIGLU_I8_SYMBOL = "ninfer_qgemv_swiglu_i8"  # the SwiGLU on the norm's int8 activations (q4, <= 4 rows)
+SWIGLU_I8X_SYMBOL = "ninfer_qgemv_swiglu_i8x"  # ... also writing its output as int8 activations
+ADD_I8_SYMBOL = "ninfer_qgemv_add_i8"  # the residual-add projection on int8 activations (q4 / q5)
+XQ_MAX_OUTPUTS = 64 * 8192  # qgemv_cuda.cu V4_XQ_GROUPS: outputs of a SwiGLU writing int8 activations
 NORM_SYMBOL = "ninfer_rms_norm"
 NORM_XQ_SYMBOL = "ninfer_rms_norm_xq"  # the norm, also writing its output as int8 activations (xq)
 NORM_MAX_K = 8192  # qgemv_cuda.cu NORM_VECS x 8 x 256 threads
@@ -142,6 +145,17 @@ def _infer_qgemv_swiglu_i8(x: nn.Tensor, xq: nn.Tensor, bits: int, gate: nn.Tens
     return _infer_qgemv_swiglu(x, bits, gate, *planes)
 
 
+def _infer_qgemv_swiglu_i8x(x: nn.Tensor, xq: nn.Tensor, bits: int, gate: nn.Tensor,
+                            *planes: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
+    return (_infer_qgemv_swiglu(x, bits, gate, *planes),
+            nn.Tensor.placeholder([xq_bytes(int(gate.shape[0]))], "uint8"))
+
+
+def _infer_qgemv_add_i8(x: nn.Tensor, xq: nn.Tensor, base: nn.Tensor, high: nn.Tensor, scales: nn.Tensor, bits: int,
+                        residual: nn.Tensor) -> nn.Tensor:
+    return _infer_qgemv_add(x, base, high, scales, bits, residual)
+
+
 def _infer_qgemv_multi(x: nn.Tensor, n_out: int, *rest) -> tuple[nn.Tensor, ...]:
     """(x, n_out, n_0 .. n_{n_out-1}, then 4 arguments per weight: a code, base, high, scales)."""
     counts, planes = rest[:n_out], rest[n_out:]
@@ -166,7 +180,8 @@ def _extern(target: tvm.target.Target, dense: bool = False) -> nn.SourceModule:
     compiler = f"{mtriple}-g++" if mtriple else None
     functions = ({DENSE_SYMBOL: _infer_dense, DENSE_PAIR_SYMBOL: _infer_dense_pair, NORM_SYMBOL: _infer_norm} if dense else
                  {SYMBOL: _infer_qgemv, ADD_SYMBOL: _infer_qgemv_add, SWIGLU_SYMBOL: _infer_qgemv_swiglu,
-                  SWIGLU_I8_SYMBOL: _infer_qgemv_swiglu_i8, MULTI_SYMBOL: _infer_qgemv_multi})
+                  SWIGLU_I8_SYMBOL: _infer_qgemv_swiglu_i8, SWIGLU_I8X_SYMBOL: _infer_qgemv_swiglu_i8x,
+                  ADD_I8_SYMBOL: _infer_qgemv_add_i8, MULTI_SYMBOL: _infer_qgemv_multi})
     module = nn.SourceModule(
         functions,
         source_code=host_source(str(target.arch), dense),
@@ -378,6 +393,32 @@ def rms_norm_xq(x: nn.Tensor, weight: nn.Tensor, eps: float, offset: bool) -> tu
     _extern(tvm.target.Target.current(), dense=True)  # registers the launcher
     outs = _infer_norm_xq(x, weight, eps, 1.0 if offset else 0.0)
     return _call_outputs(NORM_XQ_SYMBOL, args, outs)
+
+
+def mlp_int8_supported(x: nn.Tensor, weight: nn.Tensor, gate: LinearWeight | None, up: LinearWeight | None,
+                       down: LinearWeight | None) -> bool:
+    """Whether the whole decode feed-forward half runs on int8 activations: `norm_swiglu_int8_supported`,
+    and a q4 / q5 down projection whose input the SwiGLU can hand over as int8 activations too
+    (`gemv_swiglu_xq` + `gemv_add_i8`; its K, the SwiGLU's N, a multiple of 256)."""
+    if down is None or gate is None or not norm_swiglu_int8_supported(x, weight, gate, up):
+        return False
+    n = gate.rows
+    return (down.fmt in ("q4_g64_fp16", "q5_g64_fp16") and down.cols == n and n % 256 == 0 and n <= XQ_MAX_OUTPUTS
+            and down.rows % 16 == 0 and down.scales is not None and (down.high is not None or down.bits == 4))
+
+
+def gemv_swiglu_xq(x: nn.Tensor, gate: LinearWeight, up: LinearWeight, xq: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
+    """`gemv_swiglu(x, gate, up, xq)` (q4), also returning its output as int8 activations for
+    `gemv_add_i8` (written whenever that call reads them: <= 4 rows, NINFER_GEMV_INT8 not 0)."""
+    args = [x, xq, gate.bits, *_v4_planes(gate), *_v4_planes(up)]
+    _extern(tvm.target.Target.current())  # registers the launcher
+    y, yq = _call_outputs(SWIGLU_I8X_SYMBOL, args, _infer_qgemv_swiglu_i8x(*args))
+    return y, yq
+
+
+def gemv_add_i8(x: nn.Tensor, xq: nn.Tensor, weight: LinearWeight, residual: nn.Tensor) -> nn.Tensor:
+    """`gemv_add(x, weight, residual)` reading x as the int8 activations `xq` at <= 4 rows (q4 / q5)."""
+    return _extern(tvm.target.Target.current())[ADD_I8_SYMBOL](x, xq, *_v4_planes(weight), weight.bits, residual)
 
 
 def _v4_planes(w: LinearWeight) -> list:

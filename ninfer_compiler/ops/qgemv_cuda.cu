@@ -58,6 +58,47 @@ __device__ __forceinline__ uint4 ld_dep16(const void* p) {
   asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+
+// The int8 activations of one 8-element vector v of batch row r (< 4) into `xq` (the layout of
+// `v4_stage_i8`, K % 64 == 0): the 8 lanes of a group of 64 share its scale (s = max |x| / 127, x =
+// s (hi + lo / 254)); every lane of the warp calls this (`valid`: whether v is a vector of the row).
+__device__ __forceinline__ void norm_xq8(const uint32_t (&o)[4], uint32_t v, uint32_t r, uint32_t k, bool valid,
+                                         uint8_t* xq) {
+  float f[8], m = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(o[i] << 16);
+    f[2 * i + 1] = __uint_as_float(o[i] & 0xFFFF0000u);
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(f[i]));
+#pragma unroll
+  for (int d = 1; d < 8; d <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, d));  // the group's 8 lanes
+  if (!valid) return;
+  // any s works as long as hi and lo use the same one (lo keeps the residual): fast reciprocal
+  const float sh = m > 0.f ? m * (1.f / 127.f) : 1.f, inv = __frcp_rn(sh);
+  // rounding to integers by adding 1.5 x 2^23 (full-rate FP ops, no conversions): the low byte of
+  // the sum's bits is the rounded value's two's-complement byte; |hi| <= 127 and |lo| <= 127 by
+  // construction (|x| <= max, |x - s hi| <= s / 2), so nothing saturates
+  constexpr float MAGIC = 12582912.f;
+  uint32_t hb[8], lb[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float yh = f[e] * inv + MAGIC, hi = yh - MAGIC;
+    const float yl = (f[e] - hi * sh) * (254.f * inv) + MAGIC;
+    hb[e] = __float_as_uint(yh);
+    lb[e] = __float_as_uint(yl);
+  }
+  const auto pack = [](const uint32_t* b, int o) {  // low bytes of b[o], b[o + 2], b[o + 4], b[o + 6]
+    return __byte_perm(__byte_perm(b[o], b[o + 2], 0x0040u), __byte_perm(b[o + 4], b[o + 6], 0x0040u), 0x5410u);
+  };
+  const uint32_t hw[2] = {pack(hb, 0), pack(hb, 1)}, lw[2] = {pack(lb, 0), pack(lb, 1)};  // [odd]: element 2 i + odd
+  const uint32_t grp = v >> 3, m8 = v & 7u;  // lane-in-quad m8 / 2, word m8 % 2 of its chunk
+  uint8_t* chunk = xq + (grp * 32u + (m8 >> 1) * 8u + 2u * r) * 16u + (m8 & 1u) * 8u;
+  *reinterpret_cast<uint2*>(chunk) = make_uint2(hw[0], hw[1]);
+  *reinterpret_cast<uint2*>(chunk + 16u) = make_uint2(lw[0], lw[1]);
+  if (m8 == 0u) reinterpret_cast<float*>(xq + 8u * k)[(grp >> 2) * 16u + r * 4u + (grp & 3u)] = sh / (254.f * 16.f);
+}
 }  // namespace
 
 #define ROWS 4
@@ -678,31 +719,60 @@ __device__ __forceinline__ void imma_s8(int* d, uint32_t a0, uint32_t a1, uint32
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// q5 codes as int8 A fragments: 8 x code in a byte (the 5-bit two's-complement code in bits 3..7).
+// Byte i of the even register is lane 2i of the 8-lane word w (its nibble at bits 8i..8i+3, its high
+// bit at bit 2i of h8), of the odd register lane 2i + 1. The high bits are spread by one multiply each:
+// (h8 & 0x55) x 0x02082080 puts bit 2i at 8i + 7 and (h8 & 0xAA) x 0x01041040 bit 2i + 1 there; the
+// other products land on bits 3..6, 9, 11, 13-14, 17, ... which carry no further than the next bit
+// (no two products meet below a target bit) and are masked off. 5 ALU ops per 4 codes.
+__device__ __forceinline__ uint32_t q5_s8_even(uint32_t w, uint32_t h8) {
+  return ((w << 3) & 0x78787878u) | (((h8 & 0x55u) * 0x02082080u) & 0x80808080u);
+}
+
+__device__ __forceinline__ uint32_t q5_s8_odd(uint32_t w, uint32_t h8) {
+  return ((w >> 1) & 0x78787878u) | (((h8 & 0xAAu) * 0x01041040u) & 0x80808080u);
+}
+
 // One stage at `s` into acc[0] (row g) and acc[2] (row g + 8) of batch c; `xq`, `xsc`: the stage's
 // 2,048 bytes of activations and 16 scales; `xslot`: the stage's columns 0 and 1 staged in the slot
-// (one row), else nullptr.
+// (one row), else nullptr. q4: A bytes are 16 x code, q5: 8 x code (the scales are s / (254 x 16)).
+template <int BITS>
 __device__ __forceinline__ void v4_stage_i8(const uint8_t* s, const uint8_t* xq, const float* xsc, uint32_t g,
                                             uint32_t c, float* acc, const uint8_t* xslot) {
-  constexpr uint32_t BASE = V4<4>::BASE;
+  constexpr uint32_t BASE = V4<BITS>::BASE, HIGH = V4<BITS>::HIGH;
+  constexpr float CODE = BITS == 5 ? 2.f : 1.f;  // 16 / (bytes per code unit)
   uint4 xv[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q)
     xv[q] = xslot != nullptr ? *reinterpret_cast<const uint4*>(xslot + (q * 8u + c * 2u + (g & 1u)) * 16u)
                              : ld_dep16(xq + q * 512 + (c * 8u + g) * 16u);  // columns >= 2 b: never stored
   const uint4 sxv = ld_dep16(xsc + c * 4u);  // this thread's batch c (rows >= b are never stored)
-  const V4Scales sc = v4_scales(s + BASE, g);
+  const V4Scales sc = v4_scales(s + BASE + HIGH, g);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     uint2 wa, wb;
     v4_base_words(s, g, c, q, wa, wb);
+    uint32_t a[2][4];  // [word][a0 .. a3]
+    if (BITS == 4) {
+      // each nibble in the top half of its byte: the signed byte is 16 x code (two's complement)
+      a[0][0] = (wa.x << 4) & 0xF0F0F0F0u, a[0][1] = (wb.x << 4) & 0xF0F0F0F0u, a[0][2] = wa.x & 0xF0F0F0F0u,
+      a[0][3] = wb.x & 0xF0F0F0F0u;
+      a[1][0] = (wa.y << 4) & 0xF0F0F0F0u, a[1][1] = (wb.y << 4) & 0xF0F0F0F0u, a[1][2] = wa.y & 0xF0F0F0F0u,
+      a[1][3] = wb.y & 0xF0F0F0F0u;
+    } else {  // the high bytes of words x (lanes 16c..16c+7) and y of rows g and g + 8, as v4_stage reads them
+      const uint32_t hoff = BASE + ((((q >> 1)) ^ ((g >> 2) & 1u)) << 4) + (q & 1) * 8u + c * 2u;
+      const uint8_t* ha = s + hoff + g * 32u;
+      const uint8_t* hb = s + hoff + (g + 8u) * 32u;
+      a[0][0] = q5_s8_even(wa.x, ha[0]), a[0][1] = q5_s8_even(wb.x, hb[0]), a[0][2] = q5_s8_odd(wa.x, ha[0]),
+      a[0][3] = q5_s8_odd(wb.x, hb[0]);
+      a[1][0] = q5_s8_even(wa.y, ha[1]), a[1][1] = q5_s8_even(wb.y, hb[1]), a[1][2] = q5_s8_odd(wa.y, ha[1]),
+      a[1][3] = q5_s8_odd(wb.y, hb[1]);
+    }
     int t[4];
-    // each nibble in the top half of its byte: the signed byte is 16 x code (two's complement)
-    imma_s8(t, (wa.x << 4) & 0xF0F0F0F0u, (wb.x << 4) & 0xF0F0F0F0u, wa.x & 0xF0F0F0F0u, wb.x & 0xF0F0F0F0u, xv[q].x,
-            xv[q].y, true);
-    imma_s8(t, (wa.y << 4) & 0xF0F0F0F0u, (wb.y << 4) & 0xF0F0F0F0u, wa.y & 0xF0F0F0F0u, wb.y & 0xF0F0F0F0u, xv[q].z,
-            xv[q].w, false);
+    imma_s8(t, a[0][0], a[0][1], a[0][2], a[0][3], xv[q].x, xv[q].y, true);
+    imma_s8(t, a[1][0], a[1][1], a[1][2], a[1][3], xv[q].z, xv[q].w, false);
     // t[0], t[1]: row g, columns 2c (hi), 2c + 1 (lo); t[2], t[3]: row g + 8
-    const float sx = __uint_as_float(q == 0 ? sxv.x : q == 1 ? sxv.y : q == 2 ? sxv.z : sxv.w);
+    const float sx = CODE * __uint_as_float(q == 0 ? sxv.x : q == 1 ? sxv.y : q == 2 ? sxv.z : sxv.w);
     const float s_a = v4_scale(sc.a01, sc.a23, q), s_b = v4_scale(sc.b01, sc.b23, q);
     // sum_k code x = sx / (254 x 16) * sum 16 code (254 hi + lo); exact in int32 (|.| < 2^29)
     const float va = static_cast<float>(t[0] * 254 + t[1]), vb = static_cast<float>(t[2] * 254 + t[3]);
@@ -737,7 +807,14 @@ struct V4Epi {
   const __half* seg_scales[V4_SEGS];
   __nv_bfloat16* seg_y[V4_SEGS];
   const float* x_scales;  // I8 entries: the activation scales of the xq layout (x is the xq bytes)
+  uint8_t* xq_out;        // I8 SwiGLU: also write y (rows 0..3) as int8 activations there, or nullptr
 };
+
+// Arrivals per group of 64 outputs of the I8 SwiGLU's xq output (`v4_xq_out`): the last of a group's
+// blocks writes its int8 activations and resets the count, so the counts are 0 between launches
+// (zero at module load; a launch touches them only after its PDL wait, when the previous one is done).
+constexpr uint32_t V4_XQ_GROUPS = 8192;  // outputs <= 524,288 (the launcher checks)
+__device__ uint32_t v4_xq_arrivals[V4_XQ_GROUPS];
 
 // a[s] by selects (an indexed parameter array would be copied to local memory)
 template <typename T>
@@ -765,6 +842,40 @@ __device__ __forceinline__ float v4_finish(float v, float up, const V4Epi& e, ui
   }
   if (MODE == V4_SWIGLU) return v / (1.f + __expf(-v)) * up;
   return v;
+}
+
+// The I8 SwiGLU's outputs y[0 .. b_rows)[n_rows] also as int8 activations for the next projection
+// (the xq layout, `norm_xq8`): a 64-group's scale needs all of its outputs, which 1-4 blocks write
+// (`outs` outputs from `out0` each), so every block counts itself in after its stores are visible
+// and the last one of a group quantizes the group from y (the classic threadfence reduction).
+__device__ __forceinline__ void v4_xq_out(const __nv_bfloat16* y, const V4Epi& e, uint32_t n_rows, uint32_t b_rows,
+                                          uint32_t out0, uint32_t outs) {
+  extern __shared__ __align__(16) uint8_t v4_smem[];
+  volatile uint32_t* last = reinterpret_cast<volatile uint32_t*>(v4_smem);
+  const uint32_t per = outs >= 64u ? 1u : 64u / outs, grp0 = out0 >> 6;  // blocks per group
+  __threadfence();  // this thread's stores of y, before the count
+  __syncthreads();  // (every thread has read the partial sums: the shared memory is free)
+  if (threadIdx.x == 0) {
+    uint32_t done = 1u;
+    if (per > 1u) {
+      done = atomicAdd(&v4_xq_arrivals[grp0], 1u) == per - 1u ? 1u : 0u;
+      if (done) v4_xq_arrivals[grp0] = 0u;
+    }
+    *last = done;
+  }
+  __syncthreads();
+  if (*last == 0u) return;
+  __threadfence();
+  const uint32_t groups = per > 1u ? 1u : outs >> 6, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+  for (uint32_t gi = warp; gi < groups; gi += blockDim.x >> 5) {
+    // lane: batch row lane / 8 (< 4), vector lane % 8 of the group (8 outputs each)
+    const uint32_t r = lane >> 3, v = (grp0 + gi) * 8u + (lane & 7u);
+    const bool valid = r < b_rows;
+    uint4 q = make_uint4(0u, 0u, 0u, 0u);
+    if (valid) q = __ldcg(reinterpret_cast<const uint4*>(y + r * n_rows) + v);  // L2: other blocks' stores
+    const uint32_t o[4] = {q.x, q.y, q.z, q.w};
+    norm_xq8(o, v, r, n_rows, valid, e.xq_out);
+  }
 }
 
 // Block layout: `slots` row tiles x `ks` K-parts, one warp each (warp = kpart * slots + slot). In
@@ -806,7 +917,7 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   }
   const uint32_t groups = k >> 6, units = k >> 8;
   const uint32_t ubeg = kpart * units / ks, uend = (kpart + 1u) * units / ks, n_units = uend - ubeg;
-  static_assert(!I8 || (BITS == 4 && PDL), "int8 stages: q4 launcher entries only");
+  static_assert(!I8 || ((BITS == 4 || BITS == 5) && PDL), "int8 stages: q4 / q5 launcher entries only");
   // I8 at one row: each slot also holds the stage's activations (512 B: columns 0 and 1 of its 4
   // groups), copied a stage ahead with the weights, so no stage waits for them
   const bool xst = I8 && b_rows == 1;
@@ -861,7 +972,7 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
       fill = next_slot(fill);
       cp_async_commit();
       if (I8)
-        v4_stage_i8(ring + use, reinterpret_cast<const uint8_t*>(x) + (ubeg + i) * 2048u, e.x_scales + (ubeg + i) * 16u,
+        v4_stage_i8<BITS>(ring + use, reinterpret_cast<const uint8_t*>(x) + (ubeg + i) * 2048u, e.x_scales + (ubeg + i) * 16u,
                     g, c, acc, xst ? ring + use + STAGE : nullptr);
       else
         v4_stage<BITS, PDL>(ring + use, xs, g, c, acc);
@@ -917,6 +1028,8 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
       for (uint32_t p = 0; p < ks; ++p) up += part[(p * slots + sv + 1u) * 128u + rb];
     store_v3(yo + col * stride + row, v4_finish<MODE>(v, up, e, col, row, n_rows));
   }
+  if (I8 && swiglu && e.xq_out != nullptr) v4_xq_out(reinterpret_cast<const __nv_bfloat16*>(y), e, n_rows, b_rows,
+                                                     (tile0 + blk * outs) * 16u, outs * 16u);
 }
 
 }  // namespace
@@ -954,16 +1067,19 @@ NINFER_QGEMV4E_MODES(4)
 NINFER_QGEMV4E_MODES(5)
 NINFER_QGEMV4E_MODES(6)
 
-// q4 on int8 activations (`v4_stage_i8`; x is the xq bytes, `e.x_scales` their scales; b <= 4).
-#define NINFER_QGEMV4E_I8(MODE, TAG)                                                                  \
+// q4 / q5 on int8 activations (`v4_stage_i8`; x is the xq bytes, `e.x_scales` their scales; b <= 4).
+// The SwiGLU also writes its output as int8 activations when `e.xq_out` is set (`v4_xq_out`).
+#define NINFER_QGEMV4E_I8(BITS, MODE, TAG)                                                            \
   extern "C" __global__ void NINFER_V4_BOUNDS                                                         \
-      ninfer_qgemv4e_q4_##TAG##_i8(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high,    \
-                                   const __half* scales, __nv_bfloat16* y, uint32_t n_rows, uint32_t k,  \
-                                   uint32_t b_rows, uint32_t ks, const V4Epi e) {                      \
-    v4_body<4, __nv_bfloat16, true, MODE, true>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u); \
+      ninfer_qgemv4e_q##BITS##_##TAG##_i8(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, \
+                                          const __half* scales, __nv_bfloat16* y, uint32_t n_rows, uint32_t k, \
+                                          uint32_t b_rows, uint32_t ks, const V4Epi e) {              \
+    v4_body<BITS, __nv_bfloat16, true, MODE, true>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u); \
   }
-NINFER_QGEMV4E_I8(V4_PLAIN, plain)
-NINFER_QGEMV4E_I8(V4_SWIGLU, swiglu)
+NINFER_QGEMV4E_I8(4, V4_PLAIN, plain)
+NINFER_QGEMV4E_I8(4, V4_SWIGLU, swiglu)
+NINFER_QGEMV4E_I8(4, V4_ADD, add)
+NINFER_QGEMV4E_I8(5, V4_ADD, add)
 
 // One V4_MULTI launch over q4 and q5 weights of one input (a mixer's projections: GDN q, k | v, z;
 // attention q, k | gate, v): one tail and one PDL hand-over instead of two. The segment table lists
@@ -1099,47 +1215,6 @@ __device__ __forceinline__ void norm_weight8(const __nv_bfloat16* w, uint32_t i,
     out[2 * j] = __uint_as_float(q[j] << 16) + offset;
     out[2 * j + 1] = __uint_as_float(q[j] & 0xFFFF0000u) + offset;
   }
-}
-
-// The int8 activations of one 8-element vector v of batch row r (< 4) into `xq` (the layout of
-// `v4_stage_i8`, K % 64 == 0): the 8 lanes of a group of 64 share its scale (s = max |x| / 127, x =
-// s (hi + lo / 254)); every lane of the warp calls this (`valid`: whether v is a vector of the row).
-__device__ __forceinline__ void norm_xq8(const uint32_t (&o)[4], uint32_t v, uint32_t r, uint32_t k, bool valid,
-                                         uint8_t* xq) {
-  float f[8], m = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(o[i] << 16);
-    f[2 * i + 1] = __uint_as_float(o[i] & 0xFFFF0000u);
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(f[i]));
-#pragma unroll
-  for (int d = 1; d < 8; d <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, d));  // the group's 8 lanes
-  if (!valid) return;
-  // any s works as long as hi and lo use the same one (lo keeps the residual): fast reciprocal
-  const float sh = m > 0.f ? m * (1.f / 127.f) : 1.f, inv = __frcp_rn(sh);
-  // rounding to integers by adding 1.5 x 2^23 (full-rate FP ops, no conversions): the low byte of
-  // the sum's bits is the rounded value's two's-complement byte; |hi| <= 127 and |lo| <= 127 by
-  // construction (|x| <= max, |x - s hi| <= s / 2), so nothing saturates
-  constexpr float MAGIC = 12582912.f;
-  uint32_t hb[8], lb[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const float yh = f[e] * inv + MAGIC, hi = yh - MAGIC;
-    const float yl = (f[e] - hi * sh) * (254.f * inv) + MAGIC;
-    hb[e] = __float_as_uint(yh);
-    lb[e] = __float_as_uint(yl);
-  }
-  const auto pack = [](const uint32_t* b, int o) {  // low bytes of b[o], b[o + 2], b[o + 4], b[o + 6]
-    return __byte_perm(__byte_perm(b[o], b[o + 2], 0x0040u), __byte_perm(b[o + 4], b[o + 6], 0x0040u), 0x5410u);
-  };
-  const uint32_t hw[2] = {pack(hb, 0), pack(hb, 1)}, lw[2] = {pack(lb, 0), pack(lb, 1)};  // [odd]: element 2 i + odd
-  const uint32_t grp = v >> 3, m8 = v & 7u;  // lane-in-quad m8 / 2, word m8 % 2 of its chunk
-  uint8_t* chunk = xq + (grp * 32u + (m8 >> 1) * 8u + 2u * r) * 16u + (m8 & 1u) * 8u;
-  *reinterpret_cast<uint2*>(chunk) = make_uint2(hw[0], hw[1]);
-  *reinterpret_cast<uint2*>(chunk + 16u) = make_uint2(lw[0], lw[1]);
-  if (m8 == 0u) reinterpret_cast<float*>(xq + 8u * k)[(grp >> 2) * 16u + r * 4u + (grp & 3u)] = sh / (254.f * 16.f);
 }
 
 // Weights are loaded before the wait, x once into registers after it; one reduction, one store.

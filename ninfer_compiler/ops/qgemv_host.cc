@@ -65,10 +65,11 @@ const Driver& driver() {
 // Kernel names of this build, indexed by kernel_index / dense_index.
 #ifndef NINFER_GEMV_DENSE_ONLY
 // v2: 4 formats x 4 batch sizes x 2 dtypes; v3: q4/q5/q6; v4 (the launcher's entries): q4/q5/q6 x
-// 4 epilogues, the mixed q4 + q5 multi entry, and q4 plain / SwiGLU on int8 activations
-constexpr int kKernels = 32 + 3 + 12 + 1 + 2;
+// 4 epilogues, the mixed q4 + q5 multi entry, and on int8 activations q4 plain / SwiGLU / add and q5 add
+constexpr int kKernels = 32 + 3 + 12 + 1 + 4;
 constexpr int kMulti45Index = 47;
-constexpr int kI8Index = 48;  // + 0: plain, + 1: SwiGLU (`v4_stage_i8`)
+constexpr int kI8Index = 48;  // + 0: q4 plain, + 1: q4 SwiGLU, + 2: q4 add, + 3: q5 add (`v4_stage_i8`)
+constexpr uint32_t kXqGroups = 8192;  // qgemv_cuda.cu V4_XQ_GROUPS: the SwiGLU's xq output has <= 64 x this
 
 // v4's ring depth per format; must equal the kernel's (tests/compiler/ops/test_qgemv_v4.py checks).
 #define NINFER_V4_STAGES_Q4 2
@@ -92,6 +93,7 @@ struct V4Epi {
   const void* seg_scales[V4_SEGS];
   void* seg_y[V4_SEGS];
   const void* x_scales;
+  void* xq_out;
 };
 
 // Dynamic shared memory of a v4 block: warps x stages x (16 rows x 4 groups of base, high, scales).
@@ -112,7 +114,11 @@ int v3_index(int bits) { return 32 + (bits - 4); }
 int v4_index(int bits, uint32_t mode) { return 35 + 4 * (bits - 4) + static_cast<int>(mode); }
 
 std::string kernel_name(int i) {
-  if (i >= kI8Index) return i == kI8Index ? "ninfer_qgemv4e_q4_plain_i8" : "ninfer_qgemv4e_q4_swiglu_i8";
+  if (i >= kI8Index) {
+    const char* names[4] = {"ninfer_qgemv4e_q4_plain_i8", "ninfer_qgemv4e_q4_swiglu_i8", "ninfer_qgemv4e_q4_add_i8",
+                            "ninfer_qgemv4e_q5_add_i8"};
+    return names[i - kI8Index];
+  }
   if (i == kMulti45Index) return "ninfer_qgemv4e_q45_multi";
   if (i >= 35) {
     const char* modes[4] = {"plain", "add", "swiglu", "multi"};
@@ -173,7 +179,7 @@ CUfunction lookup(int index) {
 #ifndef NINFER_GEMV_DENSE_ONLY
     if (i >= 35) {  // v4 asks for more than the 48 KB of shared memory that need no opt-in
       rc = d.func_set_attribute(fn, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */,
-                                static_cast<int>(i >= kI8Index ? v4_smem(4, kV4MaxWarps, true)
+                                static_cast<int>(i >= kI8Index ? v4_smem(i == kI8Index + 3 ? 5 : 4, kV4MaxWarps, true)
                                                  : i == kMulti45Index
                                                      ? std::max(v4_smem(4, kV4MaxWarps), v4_smem(5, kV4MaxWarps))
                                                      : v4_smem((i - 35) / 4 + 4, kV4MaxWarps)));
@@ -288,6 +294,14 @@ Planes planes(const tvm::ffi::TensorView& base, const tvm::ffi::TensorView& high
   return Planes{address(base), address(high), address(scales), base.shape()[0]};
 }
 
+// Whether a call with int8 activations (`has_xq`) runs an int8 entry: at most 4 rows, q4 plain /
+// SwiGLU / add or q5 add, NINFER_GEMV_INT8 not 0. A SwiGLU writing xq for the next projection and
+// that projection decide alike, so the xq they share is written whenever it is read.
+bool i8_runs(bool has_xq, int64_t rows, int bits, uint32_t mode) {
+  return has_xq && rows <= 4 && int8_enabled() &&
+         ((bits == 4 && (mode == V4_PLAIN || mode == V4_SWIGLU || mode == V4_ADD)) || (bits == 5 && mode == V4_ADD));
+}
+
 // Whether v4 (cp.async ring) can run this weight: bf16 q4/q5/q6, 16-row tiles, K a multiple of its
 // 256-lane stage, `high` 16-byte aligned.
 bool v4_fits(bool f32, int bits, const Planes& w, int64_t k) {
@@ -298,8 +312,10 @@ bool v4_fits(bool f32, int bits, const Planes& w, int64_t k) {
 // y[r, y_off + n] (row stride y_stride) for the `rows` activation rows at xp: plain, `residual + ...`
 // (V4_ADD) or `silu(...) * (x up^T)` (V4_SWIGLU; `up` has w's shape). The epilogues run on v4 only.
 // `xq`: x also as int8 activations (the norm's xq layout, rows <= 4), or nullptr.
+// `xq_out` (SwiGLU with xq): y also as int8 activations there, written by the int8 entry (<= 4 rows).
 void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Planes& w, char* yp, int64_t y_stride,
-         uint32_t mode, const Planes* up, const char* residual, CUstream stream, const char* xq = nullptr) {
+         uint32_t mode, const Planes* up, const char* residual, CUstream stream, const char* xq = nullptr,
+         char* xq_out = nullptr) {
   const int64_t n = w.n;
   TVM_FFI_ICHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8) << "ninfer_gemv: no kernel for " << bits << "-bit codes";
   TVM_FFI_ICHECK(k % 128 == 0 && n % 4 == 0) << "ninfer_gemv: unsupported shape";
@@ -347,16 +363,17 @@ void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Plan
     const int batch = b == 1 ? 1 : b == 2 ? 2 : b <= 4 ? 4 : 8;
     const bool v4 = v4_ok && (v4_size || mode != V4_PLAIN);
     const bool v3 = !v4 && v3_ok && !(b == 1 && small);
-    // int8 activations: q4 plain / SwiGLU on v4 with at most 4 rows (all of x in the xq layout)
-    const bool i8 = v4 && xq != nullptr && rows <= 4 && bits == 4 && (mode == V4_PLAIN || mode == V4_SWIGLU) &&
-                    int8_enabled();
-    CUfunction fn = lookup(i8 ? kI8Index + (mode == V4_SWIGLU ? 1 : 0)
+    // int8 activations: on v4 with at most 4 rows (all of x in the xq layout), q4 plain / SwiGLU / add, q5 add
+    const bool i8 = v4 && i8_runs(xq != nullptr, rows, bits, mode);
+    const int i8_index = kI8Index + (bits == 5 ? 3 : mode == V4_SWIGLU ? 1 : mode == V4_ADD ? 2 : 0);
+    CUfunction fn = lookup(i8 ? i8_index
                               : v4 ? v4_index(bits, mode) : v3 ? v3_index(bits) : kernel_index(bits, batch, f32));
     const void* xr = i8 ? static_cast<const void*>(xq) : static_cast<const void*>(xp + r0 * k * esize);
     void* yr = yp + r0 * y_stride * esize;
     uint32_t ks = v4 ? ks4 : v3 ? ks3 : ks2;
     V4Epi e{up ? up->base : nullptr, up ? up->high : nullptr, up ? up->scales : nullptr,
-            residual ? residual + r0 * n * 2 : nullptr, ys, {}, {}, {}, {}, {}, {}, i8 ? xq + k * 8 : nullptr};
+            residual ? residual + r0 * n * 2 : nullptr, ys, {}, {}, {}, {}, {}, {}, i8 ? xq + k * 8 : nullptr,
+            i8 ? xq_out : nullptr};
     void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks, v4 ? static_cast<void*>(&e) : static_cast<void*>(&ys)};
     const uint32_t grid = v4 ? grid4 : v3 ? grid3 : grid2, threads = v4 ? warps4 * 32 : v3 ? threads3 : 256;
     launch(fn, grid, threads, v4 ? v4_smem(bits, warps4, i8 && b == 1) : 0, stream, args);
@@ -484,6 +501,13 @@ void qgemv_swiglu(tvm::ffi::TensorView x, int64_t bits, tvm::ffi::TensorView gb,
 // The size in bytes of x's int8 activations (the norm's xq layout, `qgemv_cuda.cu` v4_stage_i8).
 int64_t xq_bytes(int64_t k) { return k * 8 + k / 256 * 64; }
 
+// Checks that `xq` is the int8 activations of a K-wide input (uint8, `xq_bytes(k)`, 16-byte aligned).
+void check_xq(const tvm::ffi::TensorView& xq, int64_t k, const char* what) {
+  TVM_FFI_ICHECK(k % 256 == 0 && xq.dtype().code == kDLUInt && xq.dtype().bits == 8 && xq.numel() == xq_bytes(k) &&
+                 reinterpret_cast<uintptr_t>(address(xq)) % 16 == 0)
+      << "ninfer_gemv: " << what << " needs K % 256 == 0 and 16-byte aligned uint8 xq of " << xq_bytes(k) << " bytes";
+}
+
 // `qgemv_swiglu` where the norm also wrote x as int8 activations `xq` (used at <= 4 rows)
 void qgemv_swiglu_i8(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, int64_t bits, tvm::ffi::TensorView gb,
                      tvm::ffi::TensorView gh, tvm::ffi::TensorView gs, tvm::ffi::TensorView ub, tvm::ffi::TensorView uh,
@@ -491,11 +515,39 @@ void qgemv_swiglu_i8(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, int64_t bi
   const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
   const Planes g = planes(gb, gh, gs, bits, k), u = planes(ub, uh, us, bits, k);
   TVM_FFI_ICHECK(!is_f32(x) && g.n == n && u.n == n) << "ninfer_gemv: swiglu needs bf16 x and gate/up of y's rows";
-  TVM_FFI_ICHECK(k % 256 == 0 && xq.dtype().code == kDLUInt && xq.dtype().bits == 8 && xq.numel() == xq_bytes(k) &&
-                 reinterpret_cast<uintptr_t>(address(xq)) % 16 == 0)
-      << "ninfer_gemv: swiglu_i8 needs K % 256 == 0 and 16-byte aligned uint8 xq of " << xq_bytes(k) << " bytes";
+  check_xq(xq, k, "swiglu_i8");
   run(address(x), false, x.numel() / k, k, static_cast<int>(bits), g, address(y), n, V4_SWIGLU, &u, nullptr,
       stream_of(x), address(xq));
+}
+
+// The same, y also written as int8 activations `yq` for the next projection (`qgemv_add_i8`); yq is
+// written exactly when that projection reads it (`i8_runs`)
+void qgemv_swiglu_i8x(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, int64_t bits, tvm::ffi::TensorView gb,
+                      tvm::ffi::TensorView gh, tvm::ffi::TensorView gs, tvm::ffi::TensorView ub, tvm::ffi::TensorView uh,
+                      tvm::ffi::TensorView us, tvm::ffi::TensorView y, tvm::ffi::TensorView yq) {
+  const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
+  const Planes g = planes(gb, gh, gs, bits, k), u = planes(ub, uh, us, bits, k);
+  TVM_FFI_ICHECK(!is_f32(x) && g.n == n && u.n == n) << "ninfer_gemv: swiglu needs bf16 x and gate/up of y's rows";
+  check_xq(xq, k, "swiglu_i8x");
+  check_xq(yq, n, "swiglu_i8x's output");
+  TVM_FFI_ICHECK(bits == 4) << "ninfer_gemv: swiglu_i8x runs q4 weights only, got " << bits << "-bit";
+  TVM_FFI_ICHECK(n % 64 == 0 && n / 64 <= kXqGroups) << "ninfer_gemv: swiglu_i8x needs N % 64 == 0 and N <= "
+                                                     << 64 * kXqGroups << ", got " << n;
+  run(address(x), false, x.numel() / k, k, static_cast<int>(bits), g, address(y), n, V4_SWIGLU, &u, nullptr,
+      stream_of(x), address(xq), address(yq));
+}
+
+// `qgemv_add` where the previous kernel also wrote x as int8 activations `xq` (used at <= 4 rows)
+void qgemv_add_i8(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
+                  tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView residual, tvm::ffi::TensorView y) {
+  const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
+  const Planes w = planes(base, high, scales, bits, k);
+  TVM_FFI_ICHECK(!is_f32(x) && w.n == n && residual.numel() == y.numel() && residual.dtype().code == kDLBfloat &&
+                 residual.dtype().bits == 16)
+      << "ninfer_gemv: add needs bf16 x and a bf16 residual shaped like y";
+  check_xq(xq, k, "add_i8");
+  run(address(x), false, x.numel() / k, k, static_cast<int>(bits), w, address(y), n, V4_ADD, nullptr,
+      address(residual), stream_of(x), address(xq));
 }
 
 }  // namespace
@@ -593,6 +645,8 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv, qgemv);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add, qgemv_add);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_swiglu, qgemv_swiglu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_swiglu_i8, qgemv_swiglu_i8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_swiglu_i8x, qgemv_swiglu_i8x);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add_i8, qgemv_add_i8);
 #else
 // bf16 weights: `y[b, n] = sum_k x[b, k] * w[n, k]`, one block of 256 threads per row; with `w2`,
 // the rows of a second weight into `y2` in the same launch.

@@ -16,7 +16,9 @@ weight copies so that L2 cannot hold them, against the read / copy bandwidth mea
 With the `cur` build it first checks the q4 entries on int8 activations (`ninfer_qgemv4e_q4_{plain,
 swiglu}_i8`, their activations written by the norm `ninfer_rms_norm_xq_wbf16`, `I8_CASES`) against
 float64 on the norm's output and times them against the bf16 entries on it (and the `d1` build's
-loads-only entry where that build is there), then the mixed-format multi entry
+loads-only entry where that build is there), then the feed-forward half on int8 activations
+(`mlp_check`: norm -> `ninfer_qgemv4e_q4_swiglu_i8` writing its output as int8 activations ->
+`ninfer_qgemv4e_q5_add_i8`, `MLP_CASES`) against float64 and against the bf16 chain, then the mixed-format multi entry
 (`ninfer_qgemv4e_q45_multi`, the mixers' q4 + q5 projections, `MIXED`) the same way against the two
 per-format launches it replaces. It prints a table last and writes `qgemv_v4e.json`.
 """
@@ -63,7 +65,7 @@ MODES = {"plain": 0, "add": 1, "swiglu": 2}
 EPI = np.dtype([("up_base", "<u8"), ("up_high", "<u8"), ("up_scales", "<u8"), ("residual", "<u8"),
                 ("y_stride", "<u4"), ("seg_end", "<u4", (4,)), ("seg_stride", "<u4", (4,)),
                 ("seg_base", "<u8", (4,)), ("seg_high", "<u8", (4,)), ("seg_scales", "<u8", (4,)),
-                ("seg_y", "<u8", (4,)), ("x_scales", "<u8")], align=True)  # = V4Epi (qgemv_cuda.cu)
+                ("seg_y", "<u8", (4,)), ("x_scales", "<u8"), ("xq_out", "<u8")], align=True)  # = V4Epi (qgemv_cuda.cu)
 
 
 def geometry(mode: str, bits: int, n: int, k: int, ks: int = 0) -> tuple[int, int, int]:
@@ -106,6 +108,137 @@ MIXED = {
     "attn q,k q4 | gate,v q5": [(4, 6144), (4, 1024), (5, 6144), (5, 1024)],
 }
 MIXED_K = 5120
+
+
+# the feed-forward half on int8 activations (`mlp_check`): (intermediate N, hidden K), q4 gate / up, q5 down
+MLP_CASES = {"27B mlp q4 2x17408x5120 -> q5 5120x17408": (17408, 5120)}
+
+
+def _q_planes(cp, n: int, k: int, bits: int):  # noqa: ANN001, ANN202
+    hb = {4: 0, 5: 8}[bits]
+    base = cp.random.randint(0, 256, size=(n, k // 2), dtype=cp.int32).astype(cp.uint8)
+    high = cp.random.randint(0, 256, size=(n, k // 64 * hb), dtype=cp.int32).astype(cp.uint8) if hb else base
+    sc = cp.random.uniform(0.5, 1.5, size=(n, k // 64)) * cp.random.choice(cp.array([-1.0, 1.0]), size=(n, k // 64))
+    return base, high, (sc / 64).astype(cp.float16)
+
+
+def _bf16_rows(cp, rng, b: int, k: int):  # noqa: ANN001, ANN202
+    return cp.asarray((rng.standard_normal((b, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+
+
+def _f64(a) -> np.ndarray:  # noqa: ANN001
+    import cupy as cp
+
+    return (cp.asnumpy(a).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def mlp_check(cp, mods, say, rng, reps: int, function) -> tuple[bool, list]:  # noqa: ANN001
+    """The feed-forward half on int8 activations: the norm writes them for the q4 SwiGLU, whose
+    last block of every 64 outputs writes them for the q5 down projection (`v4_xq_out`), which adds
+    the residual. Numerics at b = 1..4 against float64 (the SwiGLU on the norm's bf16 output, the
+    down projection on the SwiGLU's bf16 output), with the arrival counts reused across launches;
+    time of the three-launch chain and of each launch against the bf16 entries."""
+    u32, ok, rows_out = np.uint32, True, []
+    norm = mods["cur"].get_function("ninfer_rms_norm_xq_wbf16")
+    plain_norm = mods["cur"].get_function("ninfer_rms_norm_wbf16")
+    for name, (n, k) in MLP_CASES.items():
+        nbytes = 2 * n * k // 64 * 34 + k * n // 64 * 42
+        copies = max(1, min(40, -(-300_000_000 // nbytes)))
+        sets = [([_q_planes(cp, n, k, 4) for _ in range(2)], _q_planes(cp, k, n, 5)) for _ in range(copies)]
+        rows_n = np.r_[np.arange(512), np.arange(n - 512, n)]
+        ref_gu = [decode_planes(cp.asnumpy(p[0][rows_n]), None, cp.asnumpy(p[2][rows_n]), 4) for p in sets[0][0]]
+        d = sets[0][1]
+        ref_d = decode_planes(cp.asnumpy(d[0]), cp.asnumpy(d[1]), cp.asnumpy(d[2]), 5)
+        g_grid, g_warps, g_ks = geometry("swiglu", 4, n, k)
+        d_grid, d_warps, d_ks = geometry("add", 5, k, n)
+        xq = cp.zeros(k * 8 + k // 256 * 64, dtype=cp.uint8)
+        yq = cp.zeros(n * 8 + n // 256 * 64, dtype=cp.uint8)
+        nw16 = cp.asarray(((rng.standard_normal(k) * 0.1).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+
+        def swiglu(ws, xn, y, b, i8, x_out, g_grid=g_grid, g_warps=g_warps, g_ks=g_ks, n=n, k=k, xq=xq, yq=yq):
+            epi = np.zeros((), dtype=EPI)
+            epi["y_stride"] = n
+            epi["up_base"], epi["up_high"], epi["up_scales"] = (int(a.data.ptr) for a in ws[1])
+            if i8:
+                epi["x_scales"] = int(xq.data.ptr) + 8 * k
+                epi["xq_out"] = int(yq.data.ptr) if x_out else 0
+            smem = g_warps * STAGES[4] * (_v4_stage_bytes(4) + (512 if i8 and b == 1 else 0))
+            entry = "ninfer_qgemv4e_q4_swiglu" + ("_i8" if i8 else "")
+            function("cur", entry, 4)((g_grid,), (g_warps * 32,), (xq if i8 else xn, *ws[0], y, u32(n), u32(k), u32(b),
+                                                                   u32(g_ks), epi[()]), shared_mem=smem)
+
+        def down(w, y, out, res, b, i8, d_grid=d_grid, d_warps=d_warps, d_ks=d_ks, n=n, k=k, yq=yq):
+            epi = np.zeros((), dtype=EPI)
+            epi["y_stride"] = k
+            epi["residual"] = int(res.data.ptr)
+            if i8:
+                epi["x_scales"] = int(yq.data.ptr) + 8 * n
+            smem = d_warps * STAGES[5] * (_v4_stage_bytes(5) + (512 if i8 and b == 1 else 0))
+            entry = "ninfer_qgemv4e_q5_add" + ("_i8" if i8 else "")
+            function("cur", entry, 5)((d_grid,), (d_warps * 32,), (yq if i8 else y, *w, out, u32(k), u32(n), u32(b),
+                                                                   u32(d_ks), epi[()]), shared_mem=smem)
+
+        def normalize(h, xn, b, with_xq=True, k=k, xq=xq, nw16=nw16):
+            if with_xq:
+                norm((b,), (256,), (h, nw16, xn, u32(k), np.float32(1e-6), np.float32(1.0), xq))
+            else:
+                plain_norm((b,), (256,), (h, nw16, xn, u32(k), np.float32(1e-6), np.float32(1.0)))
+
+        errs = {"swiglu": 0.0, "down int8": 0.0, "down bf16": 0.0}
+        for b in (1, 2, 3, 4, 1):  # b = 1 twice: the arrival counts of the earlier launches are back at 0
+            h, res = _bf16_rows(cp, rng, b, k), _bf16_rows(cp, rng, b, k)
+            xn = cp.zeros((b, k), dtype=cp.uint16)
+            normalize(h, xn, b)
+            y = cp.full((b, n), 0x7FC0, dtype=cp.uint16)
+            yq.fill(0xFF)
+            swiglu(sets[0][0], xn, y, b, True, True)
+            acc = [_f64(xn) @ w.T for w in ref_gu]
+            ref = acc[0] / (1 + np.exp(-acc[0])) * acc[1]
+            y64 = _f64(y)
+            ref_out = y64 @ ref_d.T + _f64(res)
+            got = {}
+            for label, i8 in (("down int8", True), ("down bf16", False)):
+                out = cp.full((b, k), 0x7FC0, dtype=cp.uint16)
+                down(d, y, out, res, b, i8)
+                got[label] = _f64(out)
+            for label, g, r in (("swiglu", y64[:, rows_n], ref), ("down int8", got["down int8"], ref_out),
+                                ("down bf16", got["down bf16"], ref_out)):
+                e = float(np.abs(g - r).max() / np.abs(r).max())
+                errs[label] = max(errs[label], e if np.isfinite(e) else float("inf"))
+        ok &= max(errs.values()) <= 1e-2
+        say(f"mlp {name}: max err over b = 1..4 " + ", ".join(f"{lab} {e:.2e}" for lab, e in errs.items()))
+        for b in (1, 2, 4):
+            h, res = _bf16_rows(cp, rng, b, k), _bf16_rows(cp, rng, b, k)
+            xn, y = cp.zeros((b, k), dtype=cp.uint16), cp.zeros((b, n), dtype=cp.uint16)
+            out = cp.zeros((b, k), dtype=cp.uint16)
+            normalize(h, xn, b)
+            swiglu(sets[0][0], xn, y, b, True, True)
+
+            def chain(i, i8, h=h, xn=xn, y=y, out=out, res=res, b=b, s=sets):
+                gu, w = s[i % len(s)]
+                normalize(h, xn, b, with_xq=i8)
+                swiglu(gu, xn, y, b, i8, i8)
+                down(w, y, out, res, b, i8)
+
+            def one(i, what, i8, xn=xn, y=y, out=out, res=res, b=b, s=sets):
+                if what == "swiglu":
+                    swiglu(s[i % len(s)][0], xn, y, b, True, i8)
+                else:
+                    down(s[i % len(s)][1], y, out, res, b, i8)
+
+            n_calls = max(copies, 20)
+            t = {"chain int8": graph_us(lambda i, c=chain: c(i, True), n_calls, reps),
+                 "chain bf16": graph_us(lambda i, c=chain: c(i, False), n_calls, reps),
+                 "swiglu i8 + xq": graph_us(lambda i, o=one: o(i, "swiglu", True), n_calls, reps),
+                 "swiglu i8": graph_us(lambda i, o=one: o(i, "swiglu", False), n_calls, reps),
+                 "down i8": graph_us(lambda i, o=one: o(i, "down", True), n_calls, reps),
+                 "down bf16": graph_us(lambda i, o=one: o(i, "down", False), n_calls, reps)}
+            rows_out.append((name, b, nbytes, errs, t))
+            say(f"mlp {name} {nbytes / 1e6:5.1f} MB b={b}: " + ", ".join(f"{lab} {v:.2f} us" for lab, v in t.items())
+                + f"; chain int8 {nbytes / t['chain int8'] / 1e3:.0f} GB/s")
+        sets = None
+        cp.get_default_memory_pool().free_all_blocks()
+    return ok, rows_out
 
 
 def i8_check(cp, mods, say, rng, reps: int, function) -> tuple[bool, list]:  # noqa: ANN001
@@ -303,8 +436,11 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
     say(f"device bandwidth, 1 GiB: copy kernel {copy_gb_s:.0f} GB/s (read + write), read kernel {read_gb_s:.0f} GB/s")
     rng = np.random.default_rng(0)
     errors, timings, ok = [], [], True
-    mixed_rows, i8_rows = [], []
+    mixed_rows, i8_rows, mlp_rows = [], [], []
     if "cur" in mods:
+        mlp_ok, mlp_rows = mlp_check(cp, mods, say, rng, reps, function)
+        ok &= mlp_ok
+    if "cur" in mods and I8_CASES:
         i8_ok, i8_rows = i8_check(cp, mods, say, rng, reps, function)
         ok &= i8_ok
     if "cur" in mods:
@@ -380,7 +516,7 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
         cp.get_default_memory_pool().free_all_blocks()
     (out / "qgemv_v4e.json").write_text(json.dumps({"copy_gb_s": copy_gb_s, "read_gb_s": read_gb_s, "errors": errors,
                                                      "timings": timings, "mixed": mixed_rows,
-                                                     "i8": i8_rows}, indent=1))
+                                                     "i8": i8_rows, "mlp": mlp_rows}, indent=1))
     say("\nmax |y - ref| / max |ref| over b = 1..8 (float64 reference, bf16 output):")
     for name in cases:
         labels = dict.fromkeys(tt for (c, tt, _, _) in errors if c == name)
@@ -408,11 +544,11 @@ def main() -> int:
     parser.add_argument("--cases", help="cupy: mode:bits:N:K,... instead of the 27B launches")
     parser.add_argument("--builds", help="cupy: comma-separated build tags (default: every fatbin there)")
     parser.add_argument("--ks", type=int, default=0, help="cupy: K split for every case (default: the launcher's)")
-    parser.add_argument("--i8-cases", help="cupy: mode:N:K,... of the int8 check instead of I8_CASES")
+    parser.add_argument("--i8-cases", help="cupy: mode:N:K,... of the int8 check instead of I8_CASES ('none': skip)")
     args = parser.parse_args()
     if args.i8_cases:
         I8_CASES.clear()
-        for spec in args.i8_cases.split(","):
+        for spec in args.i8_cases.split(",") if args.i8_cases != "none" else []:
             mode, n, k = spec.split(":")
             I8_CASES[f"q4 {mode} {n}x{k}"] = (mode, int(n), int(k))
     if args.action == "fatbins":

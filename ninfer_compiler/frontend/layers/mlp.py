@@ -27,7 +27,11 @@ class SwiGLU(nn.Module):
 
     def forward_norm_add(self, norm: OffsetRMSNorm, x: nn.Tensor) -> nn.Tensor:
         """`x + forward(norm(x))` (a decoder layer's feed-forward half); at decode the norm may also
-        hand the gate / up its output as int8 activations (`fused_linear.norm_swiglu`)."""
+        hand the gate / up its output as int8 activations (`fused_linear.norm_swiglu`), and the SwiGLU
+        the down projection its output (`fused_linear.norm_mlp_add`)."""
+        y = fused_linear.norm_mlp_add(x, norm.weight, norm.eps, True, self.gate, self.up, self.down)
+        if y is not None:
+            return y
         h = fused_linear.norm_swiglu(x, norm.weight, norm.eps, True, self.gate, self.up)
         if h is None:
             h = fused_linear.swiglu(norm(x), self.gate, self.up)

@@ -93,9 +93,12 @@ def test_decode_fuses_projections_norms_and_epilogues(tuned, reference):
     # residual adds of the 4 mixers and 4 MLPs
     assert calls.count("ninfer_qgemv_multi") == 4 and decode.count('"ninfer_gdn_decode_2_6_128_128_g256"') == 3
     assert "ninfer_dense_gemv" not in calls and "ninfer_dense_gemv_pair" not in calls
-    # the post-attention norms also write int8 activations that the q4 SwiGLUs read (<= 4 rows)
-    assert calls.count("ninfer_qgemv_swiglu_i8") == 4 and calls.count("ninfer_qgemv_add") == 8
+    # the post-attention norms also write int8 activations that the q4 SwiGLUs read (<= 4 rows),
+    # and the SwiGLUs theirs for the q5 down projections
+    assert calls.count("ninfer_qgemv_swiglu_i8x") == 4 and calls.count("ninfer_qgemv_add_i8") == 4
+    assert calls.count("ninfer_qgemv_add") == 4  # the mixers' output projections
     assert calls.count("ninfer_rms_norm_xq") == 4 and "ninfer_qgemv_swiglu" not in calls
+    assert "ninfer_qgemv_swiglu_i8" not in calls
     assert calls.count("ninfer_rms_norm") == 5  # input norms, the final norm
     assert calls.count("ninfer_qgemv") == 1  # the output head
     assert "silu" not in decode and "R.add(" not in decode and "R.concat" not in decode

@@ -1,6 +1,7 @@
-"""The int8 q4 decode path (`qgemv_cuda.cu`: `norm_xq8` writes the activations, `v4_stage_i8` reads
-them with the weights as `mma.m16n8k32.s8` fragments), replayed in numpy from the kernels' index
-formulas: every byte the norm writes and every fragment register the GEMV builds, against float64.
+"""The int8 q4 / q5 decode path (`qgemv_cuda.cu`: `norm_xq8` writes the activations, for the norm
+and for the SwiGLU's output, `v4_stage_i8` reads them with the weights as `mma.m16n8k32.s8`
+fragments), replayed in numpy from the kernels' index formulas: every byte the norm writes and every
+fragment register the GEMV builds, against float64.
 """
 
 from __future__ import annotations
@@ -56,10 +57,34 @@ def _s8(word: int) -> np.ndarray:
     return np.frombuffer(np.uint32(word).tobytes(), dtype=np.int8).astype(np.int64)
 
 
-def _gemv_i8(base: np.ndarray, scales: np.ndarray, xq: np.ndarray, b: int, staged: bool) -> np.ndarray:
+def _q5_even(w: int, h8: int) -> int:
+    """`q5_s8_even`: lanes 0, 2, 4, 6 of the word as bytes 8 x code (uint32 arithmetic)."""
+    return (((w << 3) & 0x78787878) | ((((h8 & 0x55) * 0x02082080) & 0xFFFFFFFF) & 0x80808080)) & 0xFFFFFFFF
+
+
+def _q5_odd(w: int, h8: int) -> int:
+    """`q5_s8_odd`: lanes 1, 3, 5, 7."""
+    return (((w >> 1) & 0x78787878) | ((((h8 & 0xAA) * 0x01041040) & 0xFFFFFFFF) & 0x80808080)) & 0xFFFFFFFF
+
+
+def test_q5_bytes_are_8_x_code() -> None:
+    """Every 8-lane word and high byte: each byte of the two registers is 8 x its lane's 5-bit code."""
+    rng = np.random.default_rng(0)
+    for w in [0, 0xFFFFFFFF, *rng.integers(0, 2**32, size=200).tolist()]:
+        for h8 in range(256):
+            codes = [((w >> 4 * j) & 15) | (((h8 >> j) & 1) << 4) for j in range(8)]
+            codes = [c - 32 if c >= 16 else c for c in codes]
+            assert _s8(_q5_even(w, h8)).tolist() == [8 * c for c in codes[0::2]]
+            assert _s8(_q5_odd(w, h8)).tolist() == [8 * c for c in codes[1::2]]
+
+
+def _gemv_i8(base: np.ndarray, scales: np.ndarray, xq: np.ndarray, b: int, staged: bool,
+             high: np.ndarray | None = None) -> np.ndarray:
     """`v4_stage_i8` over every stage of every 16-row tile, K unsplit (fp32 accumulation in
-    float64 here: the check is on the integer and index parts), then the lane remap."""
+    float64 here: the check is on the integer and index parts), then the lane remap. `high`: the
+    q5 high plane (8 bytes per group of 64, bit j = lane j), else q4."""
     n, k = base.shape[0], base.shape[1] * 2
+    code = 2.0 if high is not None else 1.0  # q5 bytes are 8 x code, q4 16 x code
     xsc = xq[k * 8:].view(np.float32)
     y = np.zeros((b, n))
     for t in range(n // 16):
@@ -90,13 +115,18 @@ def _gemv_i8(base: np.ndarray, scales: np.ndarray, xq: np.ndarray, b: int, stage
                             for row in (g, g + 8):
                                 wb = base[t * 16 + row, u * 128 + q * 32 + c * 8:][:8]
                                 w = _word(wb, 4 * j)
-                                a[row, 4 * c:4 * c + 4] = _s8((w << 4) & 0xF0F0F0F0)
-                                a[row, 16 + 4 * c:20 + 4 * c] = _s8(w & 0xF0F0F0F0)
+                                if high is None:
+                                    a[row, 4 * c:4 * c + 4] = _s8((w << 4) & 0xF0F0F0F0)
+                                    a[row, 16 + 4 * c:20 + 4 * c] = _s8(w & 0xF0F0F0F0)
+                                else:  # the thread's high bytes 2c + j of the group
+                                    h8 = int(high[t * 16 + row, (u * 4 + q) * 8 + 2 * c + j])
+                                    a[row, 4 * c:4 * c + 4] = _s8(_q5_even(w, h8))
+                                    a[row, 16 + 4 * c:20 + 4 * c] = _s8(_q5_odd(w, h8))
                     d += a @ bm[:, :, j]
                 assert np.abs(d).max() < 2**31 // 254
                 for g in range(8):
                     for c in range(4):
-                        sx = float(xsc[u * 16 + c * 4 + q]) if c < b else 0.0
+                        sx = code * float(xsc[u * 16 + c * 4 + q]) if c < b else 0.0
                         for half, row in ((0, g), (1, g + 8)):
                             v = float(np.float32(d[row, 2 * c] * 254 + d[row, 2 * c + 1]))
                             acc[g, c, half] += v * float(scales[t * 16 + row, u * 4 + q]) * sx
@@ -106,18 +136,24 @@ def _gemv_i8(base: np.ndarray, scales: np.ndarray, xq: np.ndarray, b: int, stage
     return y
 
 
+@pytest.mark.parametrize("bits", [4, 5])
 @pytest.mark.parametrize(("b", "staged"), [(1, True), (1, False), (3, False), (4, False)])
-def test_int8_path_matches_float64(b: int, staged: bool) -> None:
+def test_int8_path_matches_float64(b: int, staged: bool, bits: int) -> None:
     rng = np.random.default_rng(b)
     base = rng.integers(0, 256, size=(ROWS, K // 2), dtype=np.uint8)
+    high = rng.integers(0, 256, size=(ROWS, K // 64 * 8), dtype=np.uint8) if bits == 5 else None
     scales = (rng.uniform(0.5, 1.5, size=(ROWS, K // 64)) / 64).astype(np.float16).astype(np.float64)
     # a norm output with one large outlier per row: the per-group scales keep the rest exact enough
     xn = _bf16(rng.standard_normal((b, K)))
     xn[:, 5] *= 40
     codes = np.empty((ROWS, K), dtype=np.int64)
     codes[:, 0::2], codes[:, 1::2] = base & 0xF, base >> 4
-    w = np.where(codes >= 8, codes - 16, codes) * np.repeat(scales, 64, axis=1)
-    got = _gemv_i8(base, scales, _norm_xq(xn), b, staged)
+    if high is not None:  # bit j of a group's 8 high bytes is lane j's bit 4
+        codes += 16 * np.unpackbits(high, axis=1, bitorder="little").astype(np.int64)
+        w = np.where(codes >= 16, codes - 32, codes) * np.repeat(scales, 64, axis=1)
+    else:
+        w = np.where(codes >= 8, codes - 16, codes) * np.repeat(scales, 64, axis=1)
+    got = _gemv_i8(base, scales, _norm_xq(xn), b, staged, high)
     ref = xn @ w.T
     # a wrong byte or scale index is an O(1) error; the split's own is ~2^-15 of a group's largest
     # |x| per element (here ~3e-4 of max |y|), below the bf16 rounding of the kernel's output (4e-3)
@@ -134,7 +170,16 @@ def test_sources_agree_on_the_layout() -> None:
     assert "(xslot + (q * 8u + c * 2u + (g & 1u)) * 16u)" in cu
     assert "(((lane >> 1) & 3u) * 8u + (lane & 1u)) * 16u" in cu
     assert "e.x_scales + (ubeg + i) * 16u" in cu and "ld_dep16(xsc + c * 4u)" in cu
-    assert "(wa.x << 4) & 0xF0F0F0F0u, (wb.x << 4) & 0xF0F0F0F0u, wa.x & 0xF0F0F0F0u, wb.x & 0xF0F0F0F0u" in cu
+    assert ("a[0][0] = (wa.x << 4) & 0xF0F0F0F0u, a[0][1] = (wb.x << 4) & 0xF0F0F0F0u, a[0][2] = wa.x & 0xF0F0F0F0u,"
+            in cu)
+    assert "((w << 3) & 0x78787878u) | (((h8 & 0x55u) * 0x02082080u) & 0x80808080u)" in cu
+    assert "((w >> 1) & 0x78787878u) | (((h8 & 0xAAu) * 0x01041040u) & 0x80808080u)" in cu
+    assert "a[0][0] = q5_s8_even(wa.x, ha[0]), a[0][1] = q5_s8_even(wb.x, hb[0]), a[0][2] = q5_s8_odd(wa.x, ha[0])," in cu
+    assert "a[1][0] = q5_s8_even(wa.y, ha[1])" in cu
+    assert "constexpr float CODE = BITS == 5 ? 2.f : 1.f;" in cu
+    # the SwiGLU's int8 output: lane = batch row r and vector of a group, as the norm's (`_norm_xq`)
+    assert "const uint32_t r = lane >> 3, v = (grp0 + gi) * 8u + (lane & 7u);" in cu
+    assert "norm_xq8(o, v, r, n_rows, valid, e.xq_out);" in cu
     assert "t[0] * 254 + t[1]" in cu
     assert re.search(r"int64_t xq_bytes\(int64_t k\) \{ return k \* 8 \+ k / 256 \* 64; \}", cc)
     assert qgemv.xq_bytes(5120) == 5120 * 8 + 5120 // 256 * 64

@@ -273,12 +273,15 @@ def test_launcher_kernel_names_exist():
     qgemv_cuda.cu's entry macros, and the launcher's V4Epi mirrors the kernel's field by field."""
     cu = qgemv.DEVICE_SOURCE.read_text()
     cc = qgemv.HOST_SOURCE.read_text()
-    assert re.search(r"constexpr int kKernels = 32 \+ 3 \+ 12 \+ 1 \+ 2;", cc) and re.search(r"constexpr int kKernels = 4 \+ 4;", cc)
-    # the int8 q4 entries after it, and the norms that write their activations
+    assert re.search(r"constexpr int kKernels = 32 \+ 3 \+ 12 \+ 1 \+ 4;", cc) and re.search(r"constexpr int kKernels = 4 \+ 4;", cc)
+    # the int8 entries after it (in this order), and the norms that write their activations
     assert re.search(r"constexpr int kI8Index = 48;", cc)
-    assert '"ninfer_qgemv4e_q4_plain_i8" : "ninfer_qgemv4e_q4_swiglu_i8"' in cc
-    assert "NINFER_QGEMV4E_I8(V4_PLAIN, plain)" in cu and "NINFER_QGEMV4E_I8(V4_SWIGLU, swiglu)" in cu
-    assert "ninfer_qgemv4e_q4_##TAG##_i8(" in cu
+    i8 = [(4, "V4_PLAIN", "plain"), (4, "V4_SWIGLU", "swiglu"), (4, "V4_ADD", "add"), (5, "V4_ADD", "add")]
+    listed = re.search(r'const char\* names\[4\] = \{("ninfer_qgemv4e_[^}]*)\}', cc).group(1)
+    assert re.findall(r'"(\w+)"', listed) == [f"ninfer_qgemv4e_q{b}_{t}_i8" for b, _, t in i8]
+    for b, mode, tag in i8:
+        assert f"NINFER_QGEMV4E_I8({b}, {mode}, {tag})" in cu
+    assert "ninfer_qgemv4e_q##BITS##_##TAG##_i8(" in cu
     for name in ("ninfer_rms_norm_xq_wf32", "ninfer_rms_norm_xq_wbf16"):
         assert f'"{name}"' in cc and re.search(rf"__global__ void __launch_bounds__\(NORM_THREADS\)\s+{name}\(", cu)
     # the mixed q4 + q5 multi entry, after the per-format ones
@@ -297,7 +300,8 @@ def test_launcher_kernel_names_exist():
         else:
             assert "ninfer_qgemv_q##BITS##_b##B##_##TAG" in cu
     fields = lambda src: re.findall(r"^\s+(?:const )?\w+\*? (\w+);", re.search(r"struct V4Epi \{(.*?)\};", src, re.S).group(1), re.M)  # noqa: E731
-    assert fields(cu) == fields(cc) == ["up_base", "up_high", "up_scales", "residual", "y_stride", "x_scales"]
+    assert fields(cu) == fields(cc) == ["up_base", "up_high", "up_scales", "residual", "y_stride", "x_scales",
+                                        "xq_out"]
     arrays = lambda src: re.findall(r"^\s+(?:const )?\w+\*? (\w+)\[V4_SEGS\];", re.search(r"struct V4Epi \{(.*?)\};", src, re.S).group(1), re.M)  # noqa: E731
     assert arrays(cu) == arrays(cc) == ["seg_end", "seg_stride", "seg_base", "seg_high", "seg_scales", "seg_y"]
     # the modes' numbering is the launcher's index arithmetic (35 + 4 * (bits - 4) + mode)
