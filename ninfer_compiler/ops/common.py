@@ -64,6 +64,10 @@ KERNEL_FEATURES: dict[str, bool] = {
     # the decode norms feeding q4 SwiGLUs also write int8 activations, and those SwiGLUs run as int8
     # tensor-core MMAs at <= 4 rows (ops/qgemv.py `norm_swiglu_int8_supported`)
     "gemv_int8": True,
+    # ... and the q4 SwiGLU hands its output to a q4 / q5 down projection as int8 activations too
+    # (ops/qgemv.py `mlp_int8_supported`): the down projection 26.5 -> 23.2 us, but the SwiGLU's
+    # cross-block handover costs 3.7 us (docs/kernels/decode-gemv-v4.md "ninth pass"), so opt-in
+    "gemv_int8_mlp": False,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
     # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)
     "fp8_row_triton": True,

@@ -397,10 +397,13 @@ def rms_norm_xq(x: nn.Tensor, weight: nn.Tensor, eps: float, offset: bool) -> tu
 
 def mlp_int8_supported(x: nn.Tensor, weight: nn.Tensor, gate: LinearWeight | None, up: LinearWeight | None,
                        down: LinearWeight | None) -> bool:
-    """Whether the whole decode feed-forward half runs on int8 activations: `norm_swiglu_int8_supported`,
+    """Whether the whole decode feed-forward half runs on int8 activations (the opt-in kernel feature
+    "gemv_int8_mlp"): `norm_swiglu_int8_supported`,
     and a q4 / q5 down projection whose input the SwiGLU can hand over as int8 activations too
     (`gemv_swiglu_xq` + `gemv_add_i8`; its K, the SwiGLU's N, a multiple of 256)."""
-    if down is None or gate is None or not norm_swiglu_int8_supported(x, weight, gate, up):
+    if not kernel_feature("gemv_int8_mlp") or down is None or gate is None:
+        return False
+    if not norm_swiglu_int8_supported(x, weight, gate, up):
         return False
     n = gate.rows
     return (down.fmt in ("q4_g64_fp16", "q5_g64_fp16") and down.cols == n and n % 256 == 0 and n <= XQ_MAX_OUTPUTS

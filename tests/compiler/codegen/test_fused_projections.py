@@ -93,18 +93,27 @@ def test_decode_fuses_projections_norms_and_epilogues(tuned, reference):
     # residual adds of the 4 mixers and 4 MLPs
     assert calls.count("ninfer_qgemv_multi") == 4 and decode.count('"ninfer_gdn_decode_2_6_128_128_g256"') == 3
     assert "ninfer_dense_gemv" not in calls and "ninfer_dense_gemv_pair" not in calls
-    # the post-attention norms also write int8 activations that the q4 SwiGLUs read (<= 4 rows),
-    # and the SwiGLUs theirs for the q5 down projections
-    assert calls.count("ninfer_qgemv_swiglu_i8x") == 4 and calls.count("ninfer_qgemv_add_i8") == 4
-    assert calls.count("ninfer_qgemv_add") == 4  # the mixers' output projections
+    # the post-attention norms also write int8 activations that the q4 SwiGLUs read (<= 4 rows)
+    assert calls.count("ninfer_qgemv_swiglu_i8") == 4 and calls.count("ninfer_qgemv_add") == 8
     assert calls.count("ninfer_rms_norm_xq") == 4 and "ninfer_qgemv_swiglu" not in calls
-    assert "ninfer_qgemv_swiglu_i8" not in calls
+    assert "ninfer_qgemv_swiglu_i8x" not in calls and "ninfer_qgemv_add_i8" not in calls  # opt-in
     assert calls.count("ninfer_rms_norm") == 5  # input norms, the final norm
     assert calls.count("ninfer_qgemv") == 1  # the output head
     assert "silu" not in decode and "R.add(" not in decode and "R.concat" not in decode
     assert "rms_norm" not in decode.replace("ninfer_rms_norm", "")
     ref = reference["decode"].script()
     assert "ninfer_" not in ref and "silu" in ref
+
+
+def test_decode_mlp_on_int8_activations_when_opted_in(mid_artifact, monkeypatch):
+    """With the kernel feature "gemv_int8_mlp" the q4 SwiGLUs also hand their output to the q5 down
+    projections as int8 activations (`ninfer_qgemv_swiglu_i8x` -> `ninfer_qgemv_add_i8`)."""
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    monkeypatch.setenv("NINFER_KERNELS", "+gemv_int8_mlp")
+    calls = _extern_calls(_export(mid_artifact)["decode"].script())
+    assert calls.count("ninfer_qgemv_swiglu_i8x") == 4 and calls.count("ninfer_qgemv_add_i8") == 4
+    assert calls.count("ninfer_qgemv_add") == 4  # the mixers' output projections
+    assert "ninfer_qgemv_swiglu_i8" not in calls and calls.count("ninfer_rms_norm_xq") == 4
 
 
 def _extern_calls(script: str) -> list[str]:
