@@ -475,79 +475,83 @@ void qgemv(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorVi
       stream_of(x));
 }
 
-// y = residual + x W^T (bf16; one rounding)
-void qgemv_add(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
-               tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView residual, tvm::ffi::TensorView y) {
-  const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
-  const Planes w = planes(base, high, scales, bits, k);
-  TVM_FFI_ICHECK(!is_f32(x) && w.n == n && residual.numel() == y.numel() && residual.dtype().code == kDLBfloat &&
-                 residual.dtype().bits == 16)
-      << "ninfer_gemv: add needs bf16 x and a bf16 residual shaped like y";
-  run(address(x), false, x.numel() / k, k, static_cast<int>(bits), w, address(y), n, V4_ADD, nullptr,
-      address(residual), stream_of(x));
-}
-
-// y = silu(x Wg^T) * (x Wu^T) (fp32 epilogue, one rounding)
-void qgemv_swiglu(tvm::ffi::TensorView x, int64_t bits, tvm::ffi::TensorView gb, tvm::ffi::TensorView gh,
-                  tvm::ffi::TensorView gs, tvm::ffi::TensorView ub, tvm::ffi::TensorView uh, tvm::ffi::TensorView us,
-                  tvm::ffi::TensorView y) {
-  const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
-  const Planes g = planes(gb, gh, gs, bits, k), u = planes(ub, uh, us, bits, k);
-  TVM_FFI_ICHECK(!is_f32(x) && g.n == n && u.n == n) << "ninfer_gemv: swiglu needs bf16 x and gate/up of y's rows";
-  run(address(x), false, x.numel() / k, k, static_cast<int>(bits), g, address(y), n, V4_SWIGLU, &u, nullptr,
-      stream_of(x));
-}
-
 // The size in bytes of x's int8 activations (the norm's xq layout, `qgemv_cuda.cu` v4_stage_i8).
 int64_t xq_bytes(int64_t k) { return k * 8 + k / 256 * 64; }
 
-// Checks that `xq` is the int8 activations of a K-wide input (uint8, `xq_bytes(k)`, 16-byte aligned).
-void check_xq(const tvm::ffi::TensorView& xq, int64_t k, const char* what) {
-  TVM_FFI_ICHECK(k % 256 == 0 && xq.dtype().code == kDLUInt && xq.dtype().bits == 8 && xq.numel() == xq_bytes(k) &&
-                 reinterpret_cast<uintptr_t>(address(xq)) % 16 == 0)
+// The address of `xq` checked as the int8 activations of a K-wide input (uint8, `xq_bytes(k)`,
+// 16-byte aligned); nullptr for none.
+const char* xq_address(const tvm::ffi::TensorView* xq, int64_t k, const char* what) {
+  if (xq == nullptr) return nullptr;
+  TVM_FFI_ICHECK(k % 256 == 0 && xq->dtype().code == kDLUInt && xq->dtype().bits == 8 && xq->numel() == xq_bytes(k) &&
+                 reinterpret_cast<uintptr_t>(address(*xq)) % 16 == 0)
       << "ninfer_gemv: " << what << " needs K % 256 == 0 and 16-byte aligned uint8 xq of " << xq_bytes(k) << " bytes";
+  return address(*xq);
 }
 
-// `qgemv_swiglu` where the norm also wrote x as int8 activations `xq` (used at <= 4 rows)
-void qgemv_swiglu_i8(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, int64_t bits, tvm::ffi::TensorView gb,
-                     tvm::ffi::TensorView gh, tvm::ffi::TensorView gs, tvm::ffi::TensorView ub, tvm::ffi::TensorView uh,
-                     tvm::ffi::TensorView us, tvm::ffi::TensorView y) {
-  const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
-  const Planes g = planes(gb, gh, gs, bits, k), u = planes(ub, uh, us, bits, k);
-  TVM_FFI_ICHECK(!is_f32(x) && g.n == n && u.n == n) << "ninfer_gemv: swiglu needs bf16 x and gate/up of y's rows";
-  check_xq(xq, k, "swiglu_i8");
-  run(address(x), false, x.numel() / k, k, static_cast<int>(bits), g, address(y), n, V4_SWIGLU, &u, nullptr,
-      stream_of(x), address(xq));
-}
-
-// The same, y also written as int8 activations `yq` for the next projection (`qgemv_add_i8`); yq is
-// written exactly when that projection reads it (`i8_runs`)
-void qgemv_swiglu_i8x(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, int64_t bits, tvm::ffi::TensorView gb,
-                      tvm::ffi::TensorView gh, tvm::ffi::TensorView gs, tvm::ffi::TensorView ub, tvm::ffi::TensorView uh,
-                      tvm::ffi::TensorView us, tvm::ffi::TensorView y, tvm::ffi::TensorView yq) {
-  const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
-  const Planes g = planes(gb, gh, gs, bits, k), u = planes(ub, uh, us, bits, k);
-  TVM_FFI_ICHECK(!is_f32(x) && g.n == n && u.n == n) << "ninfer_gemv: swiglu needs bf16 x and gate/up of y's rows";
-  check_xq(xq, k, "swiglu_i8x");
-  check_xq(yq, n, "swiglu_i8x's output");
-  TVM_FFI_ICHECK(bits == 4) << "ninfer_gemv: swiglu_i8x runs q4 weights only, got " << bits << "-bit";
-  TVM_FFI_ICHECK(n % 64 == 0 && n / 64 <= kXqGroups) << "ninfer_gemv: swiglu_i8x needs N % 64 == 0 and N <= "
-                                                     << 64 * kXqGroups << ", got " << n;
-  run(address(x), false, x.numel() / k, k, static_cast<int>(bits), g, address(y), n, V4_SWIGLU, &u, nullptr,
-      stream_of(x), address(xq), address(yq));
-}
-
-// `qgemv_add` where the previous kernel also wrote x as int8 activations `xq` (used at <= 4 rows)
-void qgemv_add_i8(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
-                  tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView residual, tvm::ffi::TensorView y) {
+// y = residual + x W^T (bf16; one rounding); `xq`: x also as int8 activations (read at <= 4 rows)
+void add_run(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView* xq, const tvm::ffi::TensorView& base,
+             const tvm::ffi::TensorView& high, const tvm::ffi::TensorView& scales, int64_t bits,
+             const tvm::ffi::TensorView& residual, const tvm::ffi::TensorView& y) {
   const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
   const Planes w = planes(base, high, scales, bits, k);
   TVM_FFI_ICHECK(!is_f32(x) && w.n == n && residual.numel() == y.numel() && residual.dtype().code == kDLBfloat &&
                  residual.dtype().bits == 16)
       << "ninfer_gemv: add needs bf16 x and a bf16 residual shaped like y";
-  check_xq(xq, k, "add_i8");
+  const char* xqp = xq_address(xq, k, "add_i8");
   run(address(x), false, x.numel() / k, k, static_cast<int>(bits), w, address(y), n, V4_ADD, nullptr,
-      address(residual), stream_of(x), address(xq));
+      address(residual), stream_of(x), xqp);
+}
+
+// y = silu(x Wg^T) * (x Wu^T) (fp32 epilogue, one rounding); `xq`: x also as int8 activations (read
+// at <= 4 rows); `yq`: y also written as int8 activations for the next projection (`qgemv_add_i8`),
+// exactly when that projection reads them (`i8_runs`)
+void swiglu_run(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView* xq, int64_t bits,
+                const tvm::ffi::TensorView& gb, const tvm::ffi::TensorView& gh, const tvm::ffi::TensorView& gs,
+                const tvm::ffi::TensorView& ub, const tvm::ffi::TensorView& uh, const tvm::ffi::TensorView& us,
+                const tvm::ffi::TensorView& y, const tvm::ffi::TensorView* yq) {
+  const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
+  const Planes g = planes(gb, gh, gs, bits, k), u = planes(ub, uh, us, bits, k);
+  TVM_FFI_ICHECK(!is_f32(x) && g.n == n && u.n == n) << "ninfer_gemv: swiglu needs bf16 x and gate/up of y's rows";
+  const char* xqp = xq_address(xq, k, "swiglu_i8");
+  char* yqp = const_cast<char*>(xq_address(yq, n, "swiglu_i8x's output"));
+  if (yq != nullptr) {
+    TVM_FFI_ICHECK(xq != nullptr && bits == 4) << "ninfer_gemv: swiglu_i8x runs q4 weights only, got " << bits << "-bit";
+    TVM_FFI_ICHECK(n % 64 == 0 && n / 64 <= kXqGroups)
+        << "ninfer_gemv: swiglu_i8x needs N % 64 == 0 and N <= " << 64 * kXqGroups << ", got " << n;
+  }
+  run(address(x), false, x.numel() / k, k, static_cast<int>(bits), g, address(y), n, V4_SWIGLU, &u, nullptr,
+      stream_of(x), xqp, yqp);
+}
+
+void qgemv_add(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
+               tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView residual, tvm::ffi::TensorView y) {
+  add_run(x, nullptr, base, high, scales, bits, residual, y);
+}
+
+// `qgemv_add` where the previous kernel also wrote x as int8 activations `xq`
+void qgemv_add_i8(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
+                  tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView residual, tvm::ffi::TensorView y) {
+  add_run(x, &xq, base, high, scales, bits, residual, y);
+}
+
+void qgemv_swiglu(tvm::ffi::TensorView x, int64_t bits, tvm::ffi::TensorView gb, tvm::ffi::TensorView gh,
+                  tvm::ffi::TensorView gs, tvm::ffi::TensorView ub, tvm::ffi::TensorView uh, tvm::ffi::TensorView us,
+                  tvm::ffi::TensorView y) {
+  swiglu_run(x, nullptr, bits, gb, gh, gs, ub, uh, us, y, nullptr);
+}
+
+// `qgemv_swiglu` where the norm also wrote x as int8 activations `xq`
+void qgemv_swiglu_i8(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, int64_t bits, tvm::ffi::TensorView gb,
+                     tvm::ffi::TensorView gh, tvm::ffi::TensorView gs, tvm::ffi::TensorView ub, tvm::ffi::TensorView uh,
+                     tvm::ffi::TensorView us, tvm::ffi::TensorView y) {
+  swiglu_run(x, &xq, bits, gb, gh, gs, ub, uh, us, y, nullptr);
+}
+
+// The same, y also written as int8 activations `yq` for `qgemv_add_i8`
+void qgemv_swiglu_i8x(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, int64_t bits, tvm::ffi::TensorView gb,
+                      tvm::ffi::TensorView gh, tvm::ffi::TensorView gs, tvm::ffi::TensorView ub, tvm::ffi::TensorView uh,
+                      tvm::ffi::TensorView us, tvm::ffi::TensorView y, tvm::ffi::TensorView yq) {
+  swiglu_run(x, &xq, bits, gb, gh, gs, ub, uh, us, y, &yq);
 }
 
 }  // namespace
