@@ -430,7 +430,9 @@ param_names = st.text(alphabet="abcdefghij_ XYZ0123456789", min_size=1, max_size
 
 
 @settings(max_examples=150, deadline=None)
-@given(args=st.dictionaries(param_names, st.one_of(raw_strings, json_values), max_size=5))
+# (a top-level string is written raw, so its edges' whitespace is the format's: `raw_strings` only)
+@given(args=st.dictionaries(param_names, st.one_of(raw_strings, json_values.filter(lambda v: not isinstance(v, str))),
+                            max_size=5))
 def test_render_then_parse_round_trips(args: dict[str, Any]) -> None:
     properties = {k: {"type": "string"} if isinstance(v, str) else {} for k, v in args.items()}
     text = render_tool_call("fn", args)
