@@ -50,15 +50,17 @@ BASELINE = STAGE / "pkg-baseline"
 
 
 def _compile_baseline(artifact: Path, rev: str) -> None:
-    """The groupwise-int package as git revision `rev`'s compiler builds it (a worktree of it on
-    PYTHONPATH ahead of this checkout; kernels come from the shared content-addressed cache)."""
+    """The groupwise-int package as git revision `rev`'s compiler builds it with its default kernels
+    (a worktree of it on PYTHONPATH ahead of this checkout, NINFER_KERNELS unset: it may name
+    features that revision lacks; kernels come from the shared content-addressed cache)."""
     tree = Path("/tmp") / f"ninfer-baseline-{rev}"
     if not tree.exists():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev], check=True)
     code = ("from pathlib import Path; from ninfer_compiler.compile import CompileOptions, compile_artifact; "
             f"compile_artifact(Path('{artifact}'), Path('{BASELINE}'), CompileOptions(target='h200', "
             f"max_context={MAX_CONTEXT}, prefill_chunk={PREFILL_CHUNK}, max_batch=8))")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
+    env = {**{k: v for k, v in os.environ.items() if k != "NINFER_KERNELS"},
+           "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tree), check=True)
     print(f"baseline {rev}: compiled in {time.perf_counter() - start:.1f} s", flush=True)

@@ -126,6 +126,7 @@ def _stage_runtime(stage: Path) -> None:
     import tvm
 
     ignore = shutil.ignore_patterns("libtvm_compiler.so", "3rdparty", "src", "include", "web", "__pycache__")
+    shutil.rmtree(stage / "site" / "tvm", ignore_errors=True)  # a second prepare restages it
     shutil.copytree(Path(tvm.__file__).parent, stage / "site" / "tvm", ignore=ignore)
     version = importlib.metadata.version("apache-tvm-ffi")
     plats = [f"--platform={p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")]
