@@ -68,6 +68,11 @@ KERNEL_FEATURES: dict[str, bool] = {
     # (ops/qgemv.py `mlp_int8_supported`): the down projection 26.5 -> 23.2 us, but the SwiGLU's
     # cross-block handover costs 3.7 us (docs/kernels/decode-gemv-v4.md "ninth pass"), so opt-in
     "gemv_int8_mlp": False,
+    # decode RMS norms folded into the residual-add GEMV producing their input (passes/add_norm.py:
+    # the GEMV's last block normalizes its output rows): exact, but the last block's norm is slower
+    # than the norm kernel it replaces (27B decode 7.26 -> 7.71 ms at one request, 9.21 -> 12.08 at
+    # eight; docs/kernels/decode-gemv-v4.md "tenth pass"), so opt-in
+    "gemv_add_norm": False,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
     # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)
     "fp8_row_triton": True,

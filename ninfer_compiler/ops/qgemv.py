@@ -16,7 +16,9 @@ The grouped-int launcher also exports the fused decode ops on v2/v3/v4 (kernel f
 writes its slice of a concatenated output), `ninfer_qgemv_add` and `ninfer_qgemv_swiglu` (v4
 epilogues), and the dense launcher `ninfer_rms_norm` (the decode norms; there so that bf16 packages carry it
 without the grouped-int kernels); every launch is chained to the previous kernel by Programmatic
-Dependent Launch.
+Dependent Launch. `ninfer_qgemv_add_norm[_xq]` (the residual add whose last block also computes the
+RMS norm of its output) is not called from here: `passes/add_norm.py` folds add + norm pairs into it
+under the opt-in kernel feature "gemv_add_norm".
 
 A third, v5 (`qgemv5_cuda.cu`, launcher `qgemv5_host.cc`, docs/kernels/decode-gemv-v5.md), runs the
 same fused decode ops its own way (opt-in): `gemv_multi` (several outputs, each the concatenation of several weights' rows,
@@ -54,6 +56,8 @@ SWIGLU_I8_SYMBOL = "ninfer_qgemv_swiglu_i8"  # the SwiGLU on the norm's int8 act
 SWIGLU_I8X_SYMBOL = "ninfer_qgemv_swiglu_i8x"  # ... also writing its output as int8 activations
 ADD_I8_SYMBOL = "ninfer_qgemv_add_i8"  # the residual-add projection on int8 activations (q4 / q5)
 XQ_MAX_OUTPUTS = 64 * 8192  # qgemv_cuda.cu V4_XQ_GROUPS: outputs of a SwiGLU writing int8 activations
+ADD_NORM_SYMBOL = "ninfer_qgemv_add_norm"  # the residual add, then the RMS norm of its output (passes/add_norm.py)
+ADD_NORM_XQ_SYMBOL = "ninfer_qgemv_add_norm_xq"  # ... the norm also writing int8 activations
 NORM_SYMBOL = "ninfer_rms_norm"
 NORM_XQ_SYMBOL = "ninfer_rms_norm_xq"  # the norm, also writing its output as int8 activations (xq)
 NORM_MAX_K = 8192  # qgemv_cuda.cu NORM_VECS x 8 x 256 threads
@@ -123,6 +127,19 @@ def _infer_qgemv_add(x: nn.Tensor, base: nn.Tensor, high: nn.Tensor, scales: nn.
     return nn.Tensor.placeholder(list(residual.shape), residual.dtype)
 
 
+def _infer_qgemv_add_norm(x: nn.Tensor, base: nn.Tensor, high: nn.Tensor, scales: nn.Tensor, bits: int,
+                          residual: nn.Tensor, weight: nn.Tensor, eps: float, offset: float) -> tuple[nn.Tensor, nn.Tensor]:
+    y = _infer_qgemv_add(x, base, high, scales, bits, residual)
+    return y, _infer_norm(y, weight, eps, offset)
+
+
+def _infer_qgemv_add_norm_xq(x: nn.Tensor, base: nn.Tensor, high: nn.Tensor, scales: nn.Tensor, bits: int,
+                             residual: nn.Tensor, weight: nn.Tensor, eps: float,
+                             offset: float) -> tuple[nn.Tensor, nn.Tensor, nn.Tensor]:
+    y, yn = _infer_qgemv_add_norm(x, base, high, scales, bits, residual, weight, eps, offset)
+    return y, yn, nn.Tensor.placeholder([xq_bytes(int(y.shape[-1]))], "uint8")
+
+
 def _infer_qgemv_swiglu(x: nn.Tensor, bits: int, gate: nn.Tensor, *planes: nn.Tensor) -> nn.Tensor:
     return nn.Tensor.placeholder([*x.shape[:-1], gate.shape[0]], x.dtype)
 
@@ -181,7 +198,8 @@ def _extern(target: tvm.target.Target, dense: bool = False) -> nn.SourceModule:
     functions = ({DENSE_SYMBOL: _infer_dense, DENSE_PAIR_SYMBOL: _infer_dense_pair, NORM_SYMBOL: _infer_norm} if dense else
                  {SYMBOL: _infer_qgemv, ADD_SYMBOL: _infer_qgemv_add, SWIGLU_SYMBOL: _infer_qgemv_swiglu,
                   SWIGLU_I8_SYMBOL: _infer_qgemv_swiglu_i8, SWIGLU_I8X_SYMBOL: _infer_qgemv_swiglu_i8x,
-                  ADD_I8_SYMBOL: _infer_qgemv_add_i8, MULTI_SYMBOL: _infer_qgemv_multi})
+                  ADD_I8_SYMBOL: _infer_qgemv_add_i8, MULTI_SYMBOL: _infer_qgemv_multi,
+                  ADD_NORM_SYMBOL: _infer_qgemv_add_norm, ADD_NORM_XQ_SYMBOL: _infer_qgemv_add_norm_xq})
     module = nn.SourceModule(
         functions,
         source_code=host_source(str(target.arch), dense),

@@ -808,7 +808,19 @@ struct V4Epi {
   __nv_bfloat16* seg_y[V4_SEGS];
   const float* x_scales;  // I8 entries: the activation scales of the xq layout (x is the xq bytes)
   uint8_t* xq_out;        // I8 SwiGLU: also write y (rows 0..3) as int8 activations there, or nullptr
+  // V4_ADD: also y's RMS norm, y * rsqrt(mean(y^2) + eps) * (w + offset), into norm_y (and rows 0..3
+  // as int8 activations into norm_xq unless nullptr) when norm_y is set (`v4_add_norm`)
+  const void* norm_w;     // fp32, or bf16 when norm_wbf16
+  void* norm_y;
+  uint8_t* norm_xq;
+  float norm_eps;
+  float norm_offset;
+  uint32_t norm_wbf16;
 };
+
+// (defined with the RMS norm kernels below)
+__device__ __noinline__ void v4_add_norm(const __nv_bfloat16* y, const void* w, void* yn, uint8_t* xq, float eps,
+                                         float offset, uint32_t wbf16, uint32_t k, uint32_t b_rows);
 
 // Arrivals per group of 64 outputs of the I8 SwiGLU's xq output (`v4_xq_out`): the last of a group's
 // blocks writes its int8 activations and resets the count, so the counts are 0 between launches
@@ -1039,7 +1051,8 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
       ninfer_qgemv4_q##BITS##_y##TAG(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, \
                                      const __half* scales, TY* y, uint32_t n_rows, uint32_t k,        \
                                      uint32_t b_rows, uint32_t ks) {                                  \
-    const V4Epi e{nullptr, nullptr, nullptr, nullptr, n_rows, {}, {}, {}, {}, {}, {}, nullptr};       \
+    const V4Epi e{nullptr, nullptr, nullptr, nullptr, n_rows, {}, {}, {}, {}, {}, {}, nullptr, nullptr, \
+                  nullptr, nullptr, nullptr, 0.f, 0.f, 0u};                                             \
     v4_body<BITS, TY, false, V4_PLAIN>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u); \
   }
 
@@ -1050,6 +1063,8 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
                                      const __half* scales, __nv_bfloat16* y, uint32_t n_rows,         \
                                      uint32_t k, uint32_t b_rows, uint32_t ks, const V4Epi e) {       \
     v4_body<BITS, __nv_bfloat16, true, MODE>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u); \
+    if (MODE == V4_ADD && e.norm_y != nullptr)                                                        \
+      v4_add_norm(y, e.norm_w, e.norm_y, e.norm_xq, e.norm_eps, e.norm_offset, e.norm_wbf16, n_rows, b_rows); \
   }
 #define NINFER_QGEMV4E_MODES(BITS)                          \
   NINFER_QGEMV4E(BITS, V4_PLAIN, plain)                     \
@@ -1075,6 +1090,8 @@ NINFER_QGEMV4E_MODES(6)
                                           const __half* scales, __nv_bfloat16* y, uint32_t n_rows, uint32_t k, \
                                           uint32_t b_rows, uint32_t ks, const V4Epi e) {              \
     v4_body<BITS, __nv_bfloat16, true, MODE, true>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u); \
+    if (MODE == V4_ADD && e.norm_y != nullptr)                                                        \
+      v4_add_norm(y, e.norm_w, e.norm_y, e.norm_xq, e.norm_eps, e.norm_offset, e.norm_wbf16, n_rows, b_rows); \
   }
 NINFER_QGEMV4E_I8(4, V4_PLAIN, plain)
 NINFER_QGEMV4E_I8(4, V4_SWIGLU, swiglu)
@@ -1298,3 +1315,101 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
                              float offset, uint8_t* xq) {
   rms_norm_body<__nv_bfloat16>(x, w, y, k, eps, offset, xq);
 }
+
+#ifndef NINFER_GEMV_DENSE_ONLY
+// ------------------------------------------------------------------------------------------------
+// The residual-add GEMV's RMS norm of its own output (`ninfer_qgemv_add_norm`, passes/add_norm.py):
+// the norm's input is the whole of y, which every block of the launch writes a part of, so each
+// block counts itself in after its stores are visible and the last one normalizes y's rows (the
+// threadfence reduction of `v4_xq_out`). Why: the separate norm kernel cost a launch boundary on
+// the decode step's critical path; here the next kernel's PDL wait covers the norm. The math is
+// `rms_norm_body`'s (fp32 sum of squares, y * inv * (w + offset) rounded to bf16, `norm_xq8`); rows
+// are normalized in parallel, `per` warps each, over two reads of y from L2.
+// ------------------------------------------------------------------------------------------------
+namespace {
+__device__ uint32_t v4_norm_arrivals;  // 0 between launches (the last block resets it)
+
+__device__ __forceinline__ uint4 ld_cg16(const void* p) {  // L2 only: y was written by other SMs
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+template <typename TW>
+__device__ __forceinline__ void v4_norm_rows(const __nv_bfloat16* y, const TW* w, __nv_bfloat16* yn, uint8_t* xq,
+                                             float eps, float offset, uint32_t k, uint32_t b_rows, float* red) {
+  const uint32_t warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+  const uint32_t per = b_rows >= warps ? 1u : warps / b_rows, conc = warps / per, vecs = k >> 3, span = per * 32u;
+  for (uint32_t r0 = 0; r0 < b_rows; r0 += conc) {
+    const uint32_t r = r0 + warp / per, t = (warp % per) * 32u + lane;
+    const bool row_ok = warp / per < conc && r < b_rows;
+    const uint4* yr = reinterpret_cast<const uint4*>(y + static_cast<size_t>(r) * k);
+    float ss = 0.f;
+    if (row_ok)
+      for (uint32_t v = t; v < vecs; v += span) {
+        const uint4 x = ld_cg16(yr + v);
+        const uint32_t q[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float a = __uint_as_float(q[i] << 16), b = __uint_as_float(q[i] & 0xFFFF0000u);
+          ss = fmaf(a, a, ss);
+          ss = fmaf(b, b, ss);
+        }
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    if (row_ok) {
+      float total = 0.f;
+      for (uint32_t i = 0; i < per; ++i) total += red[(warp / per) * per + i];
+      const float inv = rsqrtf(total / static_cast<float>(k) + eps);
+      uint4* out = reinterpret_cast<uint4*>(yn + static_cast<size_t>(r) * k);
+      const bool with_xq = xq != nullptr && r < 4u;
+      for (uint32_t v0 = (warp % per) * 32u; v0 < vecs; v0 += span) {  // warp-uniform: norm_xq8 shuffles
+        const uint32_t v = v0 + lane;
+        const bool valid = v < vecs;
+        uint32_t o[4] = {0u, 0u, 0u, 0u};
+        if (valid) {
+          const uint4 x = ld_cg16(yr + v);
+          const uint32_t q[4] = {x.x, x.y, x.z, x.w};
+          float wv[8];
+          norm_weight8(w, v, offset, wv);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const __nv_bfloat162 h = __floats2bfloat162_rn(__uint_as_float(q[i] << 16) * inv * wv[2 * i],
+                                                           __uint_as_float(q[i] & 0xFFFF0000u) * inv * wv[2 * i + 1]);
+            o[i] = *reinterpret_cast<const uint32_t*>(&h);
+          }
+          out[v] = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+        if (with_xq) norm_xq8(o, v, r, k, valid, xq);
+      }
+    }
+    __syncthreads();  // red is reused by the next rows
+  }
+}
+
+__device__ __noinline__ void v4_add_norm(const __nv_bfloat16* y, const void* w, void* yn, uint8_t* xq, float eps,
+                                         float offset, uint32_t wbf16, uint32_t k, uint32_t b_rows) {
+  extern __shared__ __align__(16) uint8_t v4_smem[];
+  volatile uint32_t* last = reinterpret_cast<volatile uint32_t*>(v4_smem);
+  __threadfence();  // this thread's stores of y, before the count
+  __syncthreads();  // (every thread is done with the ring and the partial sums)
+  if (threadIdx.x == 0) {
+    const uint32_t done = atomicAdd(&v4_norm_arrivals, 1u) == gridDim.x - 1u ? 1u : 0u;
+    if (done) v4_norm_arrivals = 0u;
+    *last = done;
+  }
+  __syncthreads();
+  if (*last == 0u) return;
+  __threadfence();
+  float* red = reinterpret_cast<float*>(v4_smem + 16);
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(yn);
+  if (wbf16)
+    v4_norm_rows(y, static_cast<const __nv_bfloat16*>(w), out, xq, eps, offset, k, b_rows, red);
+  else
+    v4_norm_rows(y, static_cast<const float*>(w), out, xq, eps, offset, k, b_rows, red);
+}
+}  // namespace
+#endif  // NINFER_GEMV_DENSE_ONLY

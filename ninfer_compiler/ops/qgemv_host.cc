@@ -94,6 +94,23 @@ struct V4Epi {
   void* seg_y[V4_SEGS];
   const void* x_scales;
   void* xq_out;
+  const void* norm_w;
+  void* norm_y;
+  void* norm_xq;
+  float norm_eps;
+  float norm_offset;
+  uint32_t norm_wbf16;
+};
+
+// The RMS norm a residual-add launch also computes of its output (`v4_add_norm`): weight (fp32, or
+// bf16 when wbf16), eps, offset, the normalized rows `y` and, unless nullptr, rows 0..3 of them as
+// int8 activations `xq`.
+struct NormOut {
+  const void* w;
+  bool wbf16;
+  float eps, offset;
+  char* y;
+  char* xq;
 };
 
 // Dynamic shared memory of a v4 block: warps x stages x (16 rows x 4 groups of base, high, scales).
@@ -313,9 +330,10 @@ bool v4_fits(bool f32, int bits, const Planes& w, int64_t k) {
 // (V4_ADD) or `silu(...) * (x up^T)` (V4_SWIGLU; `up` has w's shape). The epilogues run on v4 only.
 // `xq`: x also as int8 activations (the norm's xq layout, rows <= 4), or nullptr.
 // `xq_out` (SwiGLU with xq): y also as int8 activations there, written by the int8 entry (<= 4 rows).
+// `norm` (V4_ADD): y's RMS norm too, computed by the launch's last block.
 void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Planes& w, char* yp, int64_t y_stride,
          uint32_t mode, const Planes* up, const char* residual, CUstream stream, const char* xq = nullptr,
-         char* xq_out = nullptr) {
+         char* xq_out = nullptr, const NormOut* norm = nullptr) {
   const int64_t n = w.n;
   TVM_FFI_ICHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8) << "ninfer_gemv: no kernel for " << bits << "-bit codes";
   TVM_FFI_ICHECK(k % 128 == 0 && n % 4 == 0) << "ninfer_gemv: unsupported shape";
@@ -373,7 +391,10 @@ void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Plan
     uint32_t ks = v4 ? ks4 : v3 ? ks3 : ks2;
     V4Epi e{up ? up->base : nullptr, up ? up->high : nullptr, up ? up->scales : nullptr,
             residual ? residual + r0 * n * 2 : nullptr, ys, {}, {}, {}, {}, {}, {}, i8 ? xq + k * 8 : nullptr,
-            i8 ? xq_out : nullptr};
+            i8 ? xq_out : nullptr, norm ? norm->w : nullptr, norm ? norm->y + r0 * n * 2 : nullptr,
+            norm && r0 == 0 ? norm->xq : nullptr, norm ? norm->eps : 0.f, norm ? norm->offset : 0.f,
+            norm && norm->wbf16 ? 1u : 0u};
+    TVM_FFI_ICHECK(norm == nullptr || (v4 && mode == V4_ADD)) << "ninfer_gemv: add_norm runs on v4 residual adds only";
     void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks, v4 ? static_cast<void*>(&e) : static_cast<void*>(&ys)};
     const uint32_t grid = v4 ? grid4 : v3 ? grid3 : grid2, threads = v4 ? warps4 * 32 : v3 ? threads3 : 256;
     launch(fn, grid, threads, v4 ? v4_smem(bits, warps4, i8 && b == 1) : 0, stream, args);
@@ -425,7 +446,7 @@ void launch_multi(CUfunction fn, V4Epi& e, const char* xp, int64_t rows, int64_t
 // y_s[r, 0 .. n_s) with row stride stride_s, for the `rows` activation rows at xp (bf16).
 void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* w, char* const* y,
                const int64_t* stride, uint32_t nseg, CUstream stream) {
-  V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}, nullptr};
+  V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 0.f, 0u};
   const uint32_t tiles = multi_segments(e, w, stride, nseg);
   const uint32_t ks = choose_ks_v4(bits, tiles * 16u, static_cast<uint32_t>(k));
   const uint32_t warps = ks > 4 ? ks : 4, grid = (tiles + warps / ks - 1) / (warps / ks);
@@ -440,7 +461,7 @@ void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* 
 bool run_multi45(const char* xp, int64_t rows, int64_t k, const Planes* w, char* const* y, const int64_t* stride,
                  uint32_t n4, uint32_t nseg, CUstream stream) {
   if (n4 == 0 || n4 >= nseg || nseg > V4_SEGS) return false;
-  V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}, nullptr};
+  V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 0.f, 0u};
   const uint32_t tiles = multi_segments(e, w, stride, nseg), tiles4 = e.seg_end[n4 - 1], tiles5 = tiles - tiles4;
   const uint32_t k32 = static_cast<uint32_t>(k);
   const uint32_t ks4 = choose_ks_v4(4, tiles4 * 16u, k32), ks5 = choose_ks_v4(5, tiles5 * 16u, k32);
@@ -488,10 +509,11 @@ const char* xq_address(const tvm::ffi::TensorView* xq, int64_t k, const char* wh
   return address(*xq);
 }
 
-// y = residual + x W^T (bf16; one rounding); `xq`: x also as int8 activations (read at <= 4 rows)
+// y = residual + x W^T (bf16; one rounding); `xq`: x also as int8 activations (read at <= 4 rows);
+// `norm`: y's RMS norm too
 void add_run(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView* xq, const tvm::ffi::TensorView& base,
              const tvm::ffi::TensorView& high, const tvm::ffi::TensorView& scales, int64_t bits,
-             const tvm::ffi::TensorView& residual, const tvm::ffi::TensorView& y) {
+             const tvm::ffi::TensorView& residual, const tvm::ffi::TensorView& y, const NormOut* norm = nullptr) {
   const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
   const Planes w = planes(base, high, scales, bits, k);
   TVM_FFI_ICHECK(!is_f32(x) && w.n == n && residual.numel() == y.numel() && residual.dtype().code == kDLBfloat &&
@@ -499,7 +521,39 @@ void add_run(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView* xq, cons
       << "ninfer_gemv: add needs bf16 x and a bf16 residual shaped like y";
   const char* xqp = xq_address(xq, k, "add_i8");
   run(address(x), false, x.numel() / k, k, static_cast<int>(bits), w, address(y), n, V4_ADD, nullptr,
-      address(residual), stream_of(x), xqp);
+      address(residual), stream_of(x), xqp, nullptr, norm);
+}
+
+// y = residual + x W^T, then yn = y * rsqrt(mean(y^2) + eps) * (w + offset) as `ninfer_rms_norm`
+// computes it; `yq`: rows 0..3 of yn also as int8 activations (`ninfer_rms_norm_xq`'s layout)
+void add_norm_run(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
+                  tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView residual, tvm::ffi::TensorView nw,
+                  double eps, double offset, tvm::ffi::TensorView y, tvm::ffi::TensorView yn,
+                  const tvm::ffi::TensorView* yq) {
+  const int64_t n = y.shape()[y.ndim() - 1];
+  const bool wf32 = nw.dtype().code == kDLFloat && nw.dtype().bits == 32;
+  TVM_FFI_ICHECK((wf32 || (nw.dtype().code == kDLBfloat && nw.dtype().bits == 16)) && nw.numel() == n &&
+                 yn.numel() == y.numel() && yn.dtype().code == kDLBfloat && yn.dtype().bits == 16 && n % 8 == 0 &&
+                 reinterpret_cast<uintptr_t>(address(nw)) % 16 == 0 && reinterpret_cast<uintptr_t>(address(y)) % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(address(yn)) % 16 == 0)
+      << "ninfer_qgemv_add_norm: needs an fp32 or bf16 norm weight of y's " << n
+      << " columns, a bf16 output shaped like y and 16-byte aligned y, output and weight";
+  NormOut norm{address(nw), !wf32, static_cast<float>(eps), static_cast<float>(offset), address(yn),
+               const_cast<char*>(xq_address(yq, n, "add_norm_xq's output"))};
+  add_run(x, nullptr, base, high, scales, bits, residual, y, &norm);
+}
+
+void qgemv_add_norm(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
+                    tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView residual, tvm::ffi::TensorView nw,
+                    double eps, double offset, tvm::ffi::TensorView y, tvm::ffi::TensorView yn) {
+  add_norm_run(x, base, high, scales, bits, residual, nw, eps, offset, y, yn, nullptr);
+}
+
+void qgemv_add_norm_xq(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
+                       tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView residual, tvm::ffi::TensorView nw,
+                       double eps, double offset, tvm::ffi::TensorView y, tvm::ffi::TensorView yn,
+                       tvm::ffi::TensorView yq) {
+  add_norm_run(x, base, high, scales, bits, residual, nw, eps, offset, y, yn, &yq);
 }
 
 // y = silu(x Wg^T) * (x Wu^T) (fp32 epilogue, one rounding); `xq`: x also as int8 activations (read
@@ -651,6 +705,8 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_swiglu, qgemv_swiglu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_swiglu_i8, qgemv_swiglu_i8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_swiglu_i8x, qgemv_swiglu_i8x);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add_i8, qgemv_add_i8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add_norm, qgemv_add_norm);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add_norm_xq, qgemv_add_norm_xq);
 #else
 // bf16 weights: `y[b, n] = sum_k x[b, k] * w[n, k]`, one block of 256 threads per row; with `w2`,
 // the rows of a second weight into `y2` in the same launch.

@@ -12,6 +12,7 @@ import tvm
 from tvm import relax
 
 from ..codegen.graphs import rewrite_graph_variants
+from .add_norm import fold_add_norms_pass
 from .low_batch import schedule_low_batch
 
 
@@ -71,9 +72,14 @@ def _lowering_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
     ]
 
 
+def _extern_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """Rewrites among our CUDA externs: the decode RMS norms folded into the residual-add GEMVs."""
+    return [fold_add_norms_pass] if target.kind.name == "cuda" else []
+
+
 def relax_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
     """The ordered pass list for `target` (readable top to bottom, testable)."""
-    return _fusion_passes() + _schedule_passes(target) + _lowering_passes(target)
+    return _extern_passes(target) + _fusion_passes() + _schedule_passes(target) + _lowering_passes(target)
 
 
 def relax_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:

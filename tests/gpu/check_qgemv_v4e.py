@@ -20,7 +20,9 @@ loads-only entry where that build is there), then the feed-forward half on int8 
 (`mlp_check`: norm -> `ninfer_qgemv4e_q4_swiglu_i8` writing its output as int8 activations ->
 `ninfer_qgemv4e_q5_add_i8`, `MLP_CASES`) against float64 and against the bf16 chain, then the mixed-format multi entry
 (`ninfer_qgemv4e_q45_multi`, the mixers' q4 + q5 projections, `MIXED`) the same way against the two
-per-format launches it replaces. It prints a table last and writes `qgemv_v4e.json`.
+per-format launches it replaces, and first of all the residual add that also normalizes its output
+(`add_norm_check`: `v4_add_norm` against the add followed by the norm kernel, `ADD_NORM_CASES`;
+`--skip add_norm,mlp,mixed,cases` leaves checks out). It prints a table last and writes `qgemv_v4e.json`.
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ MODES = {"plain": 0, "add": 1, "swiglu": 2}
 EPI = np.dtype([("up_base", "<u8"), ("up_high", "<u8"), ("up_scales", "<u8"), ("residual", "<u8"),
                 ("y_stride", "<u4"), ("seg_end", "<u4", (4,)), ("seg_stride", "<u4", (4,)),
                 ("seg_base", "<u8", (4,)), ("seg_high", "<u8", (4,)), ("seg_scales", "<u8", (4,)),
-                ("seg_y", "<u8", (4,)), ("x_scales", "<u8"), ("xq_out", "<u8")], align=True)  # = V4Epi (qgemv_cuda.cu)
+                ("seg_y", "<u8", (4,)), ("x_scales", "<u8"), ("xq_out", "<u8"),
+                ("norm_w", "<u8"), ("norm_y", "<u8"), ("norm_xq", "<u8"), ("norm_eps", "<f4"),
+                ("norm_offset", "<f4"), ("norm_wbf16", "<u4")], align=True)  # = V4Epi (qgemv_cuda.cu)
 
 
 def geometry(mode: str, bits: int, n: int, k: int, ks: int = 0) -> tuple[int, int, int]:
@@ -236,6 +240,95 @@ def mlp_check(cp, mods, say, rng, reps: int, function) -> tuple[bool, list]:  # 
             rows_out.append((name, b, nbytes, errs, t))
             say(f"mlp {name} {nbytes / 1e6:5.1f} MB b={b}: " + ", ".join(f"{lab} {v:.2f} us" for lab, v in t.items())
                 + f"; chain int8 {nbytes / t['chain int8'] / 1e3:.0f} GB/s")
+        sets = None
+        cp.get_default_memory_pool().free_all_blocks()
+    return ok, rows_out
+
+
+# the residual-add launch that also normalizes its output (`v4_add_norm`, passes/add_norm.py): (N, K, weight dtype)
+ADD_NORM_CASES = {"q5 add+norm out 5120x6144": (5120, 6144, "bf16"),
+                  "q5 add+norm down 5120x17408": (5120, 17408, "f32")}
+
+
+def add_norm_check(cp, mods, say, rng, reps: int, function) -> tuple[bool, list]:  # noqa: ANN001
+    """`ninfer_qgemv4e_q5_add` with the norm fields set against the same launch without them followed
+    by the norm kernel (`ninfer_rms_norm_xq_w*`): y bit-identical, the normalized rows within one
+    bf16 unit (the sum of squares is added in another order) and their int8 activations equal where
+    the rows are, at b = 1..8 and b = 1 again (the arrival count back at 0); then both forms timed."""
+    u32, ok, rows_out = np.uint32, True, []
+    for name, (n, k, wdt) in ADD_NORM_CASES.items():
+        grid, warps, ks = geometry("add", 5, n, k)
+        smem = warps * STAGES[5] * _v4_stage_bytes(5)
+        nbytes = n * k // 64 * 42
+        copies = max(1, min(40, -(-300_000_000 // nbytes)))
+        sets = [_q_planes(cp, n, k, 5) for _ in range(copies)]
+        norm = mods["cur"].get_function(f"ninfer_rms_norm_xq_w{wdt}")
+        wf = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+        nw = cp.asarray(wf if wdt == "f32" else (wf.view(np.uint32) >> 16).astype(np.uint16))
+        xq_n = n * 8 + n // 256 * 64
+
+        def add(w, x, y, res, b, yn=None, xq=None, n=n, k=k, grid=grid, warps=warps, ks=ks, smem=smem, nw=nw, wdt=wdt):
+            epi = np.zeros((), dtype=EPI)
+            epi["y_stride"] = n
+            epi["residual"] = int(res.data.ptr)
+            if yn is not None:
+                epi["norm_w"], epi["norm_y"] = int(nw.data.ptr), int(yn.data.ptr)
+                epi["norm_xq"] = int(xq.data.ptr) if xq is not None else 0
+                epi["norm_eps"], epi["norm_offset"], epi["norm_wbf16"] = 1e-6, 0.0, int(wdt == "bf16")
+            function("cur", "ninfer_qgemv4e_q5_add", 5)((grid,), (warps * 32,), (x, *w, y, u32(n), u32(k), u32(b),
+                                                                                  u32(ks), epi[()]), shared_mem=smem)
+
+        worst = {"y bits": 0, "yn ulps": 0, "yn differ": 0.0, "xq bytes": 0, "yn vs f64": 0.0}
+        for b in (1, 2, 3, 4, 5, 8, 1):
+            x, res = _bf16_rows(cp, rng, b, k), _bf16_rows(cp, rng, b, n)
+            y0, yn0 = cp.full((b, n), 0x7FC0, dtype=cp.uint16), cp.full((b, n), 0x7FC0, dtype=cp.uint16)
+            q0 = cp.full(xq_n, 0xFF, dtype=cp.uint8)
+            add(sets[0], x, y0, res, b)
+            norm((b,), (256,), (y0, nw, yn0, u32(n), np.float32(1e-6), np.float32(0.0), q0))
+            y1, yn1 = cp.full((b, n), 0x7FC0, dtype=cp.uint16), cp.full((b, n), 0x7FC0, dtype=cp.uint16)
+            q1 = cp.full(xq_n, 0xFF, dtype=cp.uint8)
+            add(sets[0], x, y1, res, b, yn1, q1)
+            a0, a1 = cp.asnumpy(yn0).astype(np.int64), cp.asnumpy(yn1).astype(np.int64)
+            worst["y bits"] = max(worst["y bits"], int((cp.asnumpy(y0) != cp.asnumpy(y1)).sum()))
+            ulps = np.abs(np.where(a0 >= 0x8000, 0x8000 - a0, a0) - np.where(a1 >= 0x8000, 0x8000 - a1, a1))
+            worst["yn ulps"] = max(worst["yn ulps"], int(ulps.max()))
+            worst["yn differ"] = max(worst["yn differ"], float((ulps > 0).mean()))
+            same_rows = [r for r in range(min(b, 4)) if (ulps[r] == 0).all()]
+            if b <= 4:  # the int8 activations of rows whose normalized values agree bit for bit
+                g0, g1 = cp.asnumpy(q0[: n * 8]).reshape(-1, 32, 16), cp.asnumpy(q1[: n * 8]).reshape(-1, 32, 16)
+                cols = [c for r in same_rows for c in (2 * r, 2 * r + 1)]
+                mism = sum(int((g0[:, m * 8 + c] != g1[:, m * 8 + c]).sum()) for m in range(4) for c in cols)
+                worst["xq bytes"] = max(worst["xq bytes"], mism)
+            y64 = _f64(y1)
+            ref = y64 / np.sqrt((y64 ** 2).mean(axis=1, keepdims=True) + 1e-6) * wf.astype(np.float64)
+            if wdt == "bf16":
+                ref = y64 / np.sqrt((y64 ** 2).mean(axis=1, keepdims=True) + 1e-6) * _f64(cp.asarray(
+                    (wf.view(np.uint32) >> 16).astype(np.uint16)))[None, :]
+            e = float(np.abs(_f64(yn1) - ref).max() / np.abs(ref).max())
+            worst["yn vs f64"] = max(worst["yn vs f64"], e if np.isfinite(e) else float("inf"))
+        ok &= (worst["y bits"] == 0 and worst["yn ulps"] <= 1 and worst["xq bytes"] == 0
+               and worst["yn vs f64"] <= 1e-2)
+        say(f"add_norm {name}: " + ", ".join(f"{lab} {v:.3g}" for lab, v in worst.items()))
+        for b in (1, 2, 4, 8):
+            x, res = _bf16_rows(cp, rng, b, k), _bf16_rows(cp, rng, b, n)
+            y, yn = cp.zeros((b, n), dtype=cp.uint16), cp.zeros((b, n), dtype=cp.uint16)
+            q = cp.zeros(xq_n, dtype=cp.uint8)
+
+            def two(i, x=x, y=y, yn=yn, q=q, res=res, b=b, s=sets, n=n, norm=norm, nw=nw):
+                add(s[i % len(s)], x, y, res, b)
+                norm((b,), (256,), (y, nw, yn, u32(n), np.float32(1e-6), np.float32(0.0), q))
+
+            def one(i, x=x, y=y, yn=yn, q=q, res=res, b=b, s=sets):
+                add(s[i % len(s)], x, y, res, b, yn, q)
+
+            def bare(i, x=x, y=y, res=res, b=b, s=sets):
+                add(s[i % len(s)], x, y, res, b)
+
+            n_calls = max(copies, 20)
+            t = {"add, norm": graph_us(two, n_calls, reps), "add_norm": graph_us(one, n_calls, reps),
+                 "add alone": graph_us(bare, n_calls, reps)}
+            rows_out.append((name, b, nbytes, worst, t))
+            say(f"add_norm {name} {nbytes / 1e6:5.1f} MB b={b}: " + ", ".join(f"{lab} {v:.2f} us" for lab, v in t.items()))
         sets = None
         cp.get_default_memory_pool().free_all_blocks()
     return ok, rows_out
@@ -437,13 +530,17 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
     rng = np.random.default_rng(0)
     errors, timings, ok = [], [], True
     mixed_rows, i8_rows, mlp_rows = [], [], []
-    if "cur" in mods:
+    add_norm_rows: list = []
+    if "cur" in mods and ADD_NORM_CASES:
+        an_ok, add_norm_rows = add_norm_check(cp, mods, say, rng, reps, function)
+        ok &= an_ok
+    if "cur" in mods and MLP_CASES:
         mlp_ok, mlp_rows = mlp_check(cp, mods, say, rng, reps, function)
         ok &= mlp_ok
     if "cur" in mods and I8_CASES:
         i8_ok, i8_rows = i8_check(cp, mods, say, rng, reps, function)
         ok &= i8_ok
-    if "cur" in mods:
+    if "cur" in mods and MIXED:
         mixed_ok, mixed_rows = mixed_check(cp, mods["cur"], say, rng, reps)
         ok &= mixed_ok
     for name, (mode, bits, n, k) in cases.items():
@@ -516,7 +613,8 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
         cp.get_default_memory_pool().free_all_blocks()
     (out / "qgemv_v4e.json").write_text(json.dumps({"copy_gb_s": copy_gb_s, "read_gb_s": read_gb_s, "errors": errors,
                                                      "timings": timings, "mixed": mixed_rows,
-                                                     "i8": i8_rows, "mlp": mlp_rows}, indent=1))
+                                                     "i8": i8_rows, "mlp": mlp_rows, "add_norm": add_norm_rows},
+                                                    indent=1))
     say("\nmax |y - ref| / max |ref| over b = 1..8 (float64 reference, bf16 output):")
     for name in cases:
         labels = dict.fromkeys(tt for (c, tt, _, _) in errors if c == name)
@@ -545,7 +643,15 @@ def main() -> int:
     parser.add_argument("--builds", help="cupy: comma-separated build tags (default: every fatbin there)")
     parser.add_argument("--ks", type=int, default=0, help="cupy: K split for every case (default: the launcher's)")
     parser.add_argument("--i8-cases", help="cupy: mode:N:K,... of the int8 check instead of I8_CASES ('none': skip)")
+    parser.add_argument("--skip", default="", help="cupy: checks to leave out, of add_norm,mlp,mixed,cases")
     args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    if "add_norm" in skip:
+        ADD_NORM_CASES.clear()
+    if "mlp" in skip:
+        MLP_CASES.clear()
+    if "mixed" in skip:
+        MIXED.clear()
     if args.i8_cases:
         I8_CASES.clear()
         for spec in args.i8_cases.split(",") if args.i8_cases != "none" else []:
@@ -561,6 +667,8 @@ def main() -> int:
         for spec in args.cases.split(","):
             mode, bits, n, k = spec.split(":")
             cases[f"q{bits} {mode} {n}x{k}"] = (mode, int(bits), int(n), int(k))
+    if "cases" in skip:
+        cases = {}
     return cupy_check(args.out, args.reps, cases, args.builds.split(",") if args.builds else None, args.ks)
 
 

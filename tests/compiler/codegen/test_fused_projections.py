@@ -10,6 +10,7 @@ tests/gpu/check_qgemm.py (H200).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,56 @@ def test_decode_fuses_projections_norms_and_epilogues(tuned, reference):
     assert "rms_norm" not in decode.replace("ninfer_rms_norm", "")
     ref = reference["decode"].script()
     assert "ninfer_" not in ref and "silu" in ref
+
+
+def _folded(mod):  # noqa: ANN001, ANN202 (IRModules)
+    from ninfer_compiler.codegen.targets import tvm_target
+    from ninfer_compiler.passes.add_norm import fold_add_norms
+    from ninfer_runtime import targets
+
+    with tvm_target(targets.load("h200")):
+        return fold_add_norms(mod)
+
+
+def test_decode_folds_norms_into_residual_adds(mid_artifact):
+    """passes/add_norm.py: every decode norm whose input a residual-add GEMV writes becomes part of
+    that call (`ninfer_qgemv_add_norm[_xq]`, outputs y, the norm and its int8 activations), and the
+    consumers read the fused call's outputs; only the first layer's input norm (after the
+    embedding) stays a kernel. The module stays well formed and prefill is untouched."""
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    import tvm
+
+    mod = _export(mid_artifact)
+    before = {name: mod[name].script() for name in ("decode", "prefill")}
+    mod, count = _folded(mod)
+    assert count == 8  # 4 post-attention norms, 3 input norms, the final norm
+    tvm.relax.analysis.well_formed(mod)
+    decode = mod["decode"].script()
+    calls = _extern_calls(decode)
+    assert calls.count("ninfer_qgemv_add_norm_xq") == 4 and calls.count("ninfer_qgemv_add_norm") == 4
+    assert "ninfer_qgemv_add" not in calls and calls.count("ninfer_rms_norm") == 1
+    assert "ninfer_rms_norm_xq" not in calls and calls.count("ninfer_qgemv_swiglu_i8") == 4
+    # each fused call's norm output feeds what the norm fed: the SwiGLU reads outputs 1 and 2 of one call
+    fused = re.findall(r'(\w+) = R\.call_dps_packed\("ninfer_qgemv_add_norm_xq"', decode)
+    for var in fused:
+        n = re.search(rf"(\w+): R\.Tensor\(\(b, 1, 256\), dtype=\"bfloat16\"\) = {var}\[1\]", decode).group(1)
+        q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[2\]", decode).group(1)
+        assert re.search(rf'"ninfer_qgemv_swiglu_i8", \({n}, {q}, ', decode), var
+    assert mod["prefill"].script() == before["prefill"]
+
+
+def test_pipeline_folds_norms_only_when_opted_in(mid_artifact, monkeypatch):
+    """The pipeline's form of the fold is the opt-in kernel feature "gemv_add_norm" (measured slower)."""
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    from ninfer_compiler.codegen.targets import tvm_target
+    from ninfer_compiler.passes.add_norm import fold_add_norms_pass
+    from ninfer_runtime import targets
+
+    mod = _export(mid_artifact)
+    with tvm_target(targets.load("h200")):
+        assert "ninfer_qgemv_add_norm" not in fold_add_norms_pass(mod)["decode"].script()
+        monkeypatch.setenv("NINFER_KERNELS", "+gemv_add_norm")
+        assert _extern_calls(fold_add_norms_pass(mod)["decode"].script()).count("ninfer_qgemv_add_norm") == 4
 
 
 def test_decode_mlp_on_int8_activations_when_opted_in(mid_artifact, monkeypatch):

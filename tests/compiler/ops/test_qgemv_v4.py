@@ -301,7 +301,8 @@ def test_launcher_kernel_names_exist():
             assert "ninfer_qgemv_q##BITS##_b##B##_##TAG" in cu
     fields = lambda src: re.findall(r"^\s+(?:const )?\w+\*? (\w+);", re.search(r"struct V4Epi \{(.*?)\};", src, re.S).group(1), re.M)  # noqa: E731
     assert fields(cu) == fields(cc) == ["up_base", "up_high", "up_scales", "residual", "y_stride", "x_scales",
-                                        "xq_out"]
+                                        "xq_out", "norm_w", "norm_y", "norm_xq", "norm_eps",
+                                        "norm_offset", "norm_wbf16"]
     arrays = lambda src: re.findall(r"^\s+(?:const )?\w+\*? (\w+)\[V4_SEGS\];", re.search(r"struct V4Epi \{(.*?)\};", src, re.S).group(1), re.M)  # noqa: E731
     assert arrays(cu) == arrays(cc) == ["seg_end", "seg_stride", "seg_base", "seg_high", "seg_scales", "seg_y"]
     # the modes' numbering is the launcher's index arithmetic (35 + 4 * (bits - 4) + mode)
