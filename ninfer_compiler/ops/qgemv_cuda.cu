@@ -1234,6 +1234,29 @@ __device__ __forceinline__ void norm_weight8(const __nv_bfloat16* w, uint32_t i,
   }
 }
 
+// ss plus the squares of the 8 bf16 values in x, in element order (both norm forms sum this way).
+__device__ __forceinline__ float norm_sumsq8(const uint4& x, float ss) {
+  const uint32_t q[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float a = __uint_as_float(q[i] << 16), b = __uint_as_float(q[i] & 0xFFFF0000u);
+    ss = fmaf(a, a, ss);
+    ss = fmaf(b, b, ss);
+  }
+  return ss;
+}
+
+// The 8 bf16 values in x times inv times their weights (+ offset), rounded to bf16 pairs in o.
+__device__ __forceinline__ void norm_scale8(const uint4& x, float inv, const float* wv, uint32_t (&o)[4]) {
+  const uint32_t q[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(__uint_as_float(q[i] << 16) * inv * wv[2 * i],
+                                                   __uint_as_float(q[i] & 0xFFFF0000u) * inv * wv[2 * i + 1]);
+    o[i] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
 // Weights are loaded before the wait, x once into registers after it; one reduction, one store.
 // `xq` (nullptr: none): rows 0..3 also as the int8 activations of the I8 GEMV entries.
 template <typename TW>
@@ -1254,15 +1277,7 @@ __device__ __forceinline__ void rms_norm_body(const __nv_bfloat16* x, const TW* 
     xv[j] = tid + j * NORM_THREADS < vecs ? ld_dep16(xr + tid + j * NORM_THREADS) : make_uint4(0u, 0u, 0u, 0u);
   float ss = 0.f;
 #pragma unroll
-  for (uint32_t j = 0; j < NORM_VECS; ++j) {
-    const uint32_t q[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float a = __uint_as_float(q[i] << 16), b = __uint_as_float(q[i] & 0xFFFF0000u);
-      ss = fmaf(a, a, ss);
-      ss = fmaf(b, b, ss);
-    }
-  }
+  for (uint32_t j = 0; j < NORM_VECS; ++j) ss = norm_sumsq8(xv[j], ss);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
   if ((tid & 31u) == 0) red[tid >> 5] = ss;
@@ -1278,14 +1293,8 @@ __device__ __forceinline__ void rms_norm_body(const __nv_bfloat16* x, const TW* 
     const bool valid = tid + j * NORM_THREADS < vecs;
     // (a warp with no vector of the row skips; groups of 8 lanes are whole since K % 64 == 0)
     if (!valid && (!with_xq || (tid & ~31u) + j * NORM_THREADS >= vecs)) continue;
-    const uint32_t q[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
     uint32_t o[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(__uint_as_float(q[i] << 16) * inv * wv[j][2 * i],
-                                                     __uint_as_float(q[i] & 0xFFFF0000u) * inv * wv[j][2 * i + 1]);
-      o[i] = *reinterpret_cast<const uint32_t*>(&h);
-    }
+    norm_scale8(xv[j], inv, wv[j], o);
     if (valid) yr[tid + j * NORM_THREADS] = make_uint4(o[0], o[1], o[2], o[3]);
     if (with_xq) norm_xq8(o, tid + j * NORM_THREADS, blockIdx.x, k, valid, xq);  // (uniform per block)
   }
@@ -1346,16 +1355,7 @@ __device__ __forceinline__ void v4_norm_rows(const __nv_bfloat16* y, const TW* w
     const uint4* yr = reinterpret_cast<const uint4*>(y + static_cast<size_t>(r) * k);
     float ss = 0.f;
     if (row_ok)
-      for (uint32_t v = t; v < vecs; v += span) {
-        const uint4 x = ld_cg16(yr + v);
-        const uint32_t q[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float a = __uint_as_float(q[i] << 16), b = __uint_as_float(q[i] & 0xFFFF0000u);
-          ss = fmaf(a, a, ss);
-          ss = fmaf(b, b, ss);
-        }
-      }
+      for (uint32_t v = t; v < vecs; v += span) ss = norm_sumsq8(ld_cg16(yr + v), ss);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
     if (lane == 0) red[warp] = ss;
@@ -1371,16 +1371,9 @@ __device__ __forceinline__ void v4_norm_rows(const __nv_bfloat16* y, const TW* w
         const bool valid = v < vecs;
         uint32_t o[4] = {0u, 0u, 0u, 0u};
         if (valid) {
-          const uint4 x = ld_cg16(yr + v);
-          const uint32_t q[4] = {x.x, x.y, x.z, x.w};
           float wv[8];
           norm_weight8(w, v, offset, wv);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const __nv_bfloat162 h = __floats2bfloat162_rn(__uint_as_float(q[i] << 16) * inv * wv[2 * i],
-                                                           __uint_as_float(q[i] & 0xFFFF0000u) * inv * wv[2 * i + 1]);
-            o[i] = *reinterpret_cast<const uint32_t*>(&h);
-          }
+          norm_scale8(ld_cg16(yr + v), inv, wv, o);
           out[v] = make_uint4(o[0], o[1], o[2], o[3]);
         }
         if (with_xq) norm_xq8(o, v, r, k, valid, xq);
