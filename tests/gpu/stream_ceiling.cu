@@ -1,0 +1,234 @@
+// The streaming ceiling of a decode step built from one launch per projection
+// (tests/gpu/check_stream_ceiling.py builds and runs this; a standalone program, CUDA runtime only).
+//
+// A Qwen3.6-27B decode step reads 15.39 GB of weights in 257 projection launches of 20-95 MB (and
+// one of 993 MB), with ~5 small latency-bound kernels per layer between them (norms, convolution,
+// the GDN step, attention). This program replays that launch sequence with kernels that only read
+// (the weight bytes at the sizes of the real launches, each launch its own region, 15.4 GB in all),
+// in one CUDA graph, and times it, so that the step time of the per-launch structure can be told
+// apart from the time our GEMVs' math and rings add. Variants:
+//   * the read kernels alone, or with spin kernels of the small kernels' durations between them
+//     (one block each, PDL-chained like the real ones);
+//   * PDL off; PDL with every read after `griddepcontrol.wait` ("late": no overlap of a launch's
+//     stream with its predecessor); PDL with the first `ahead` bytes of each thread's share read
+//     before the wait (as a GEMV's ring prologue does) and the rest after; PDL with every read
+//     before the wait ("early": the upper bound of the overlap, which no GEMV can have, since its
+//     math needs the previous kernel's output);
+//   * one launch reading all 15.39 GB (the streaming ceiling itself).
+// Output: one line per variant (ms per step, GB/s, fraction of the single-launch ceiling), then
+// `json {...}` with the same numbers.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                                   \
+  do {                                                                                          \
+    cudaError_t e_ = (x);                                                                       \
+    if (e_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));  \
+      std::exit(2);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+__device__ __forceinline__ void gdc_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void gdc_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Reads nvec 16-byte vectors, 4 per thread in flight per iteration, grid-stride. mode: 0 no PDL
+// instructions, 1 wait first ("late"), 2 the first `ahead` iterations before the wait, 3 all
+// before the wait ("early"). The XOR of everything goes to `sink` only if it equals a value the
+// data never produces, so nothing is written and no load can be dropped.
+__global__ void __launch_bounds__(512) read_weights(const uint4* __restrict__ w, uint64_t nvec, uint32_t* sink,
+                                                    int mode, uint32_t ahead) {
+  if (mode == 1) gdc_wait();
+  if (mode != 0) gdc_launch();
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  uint32_t acc = 0u, it = 0u;
+  for (; i + 3 * stride < nvec; i += 4 * stride, ++it) {
+    if (mode == 2 && it == ahead) gdc_wait();
+    const uint4 a = ld_stream(w + i), b = ld_stream(w + i + stride), c = ld_stream(w + i + 2 * stride),
+                d = ld_stream(w + i + 3 * stride);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < nvec; i += stride) {
+    const uint4 a = ld_stream(w + i);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (mode >= 2) gdc_wait();
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
+// A small latency-bound kernel: one block that waits for its predecessor and spins `ns`.
+__global__ void spin(uint64_t ns, int mode) {
+  if (mode != 0) {
+    gdc_wait();
+    gdc_launch();
+  }
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+__global__ void fill(uint32_t* p, uint64_t n) {
+  for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 0x9e3779b1u + 0x7f4a7c15u;
+    x ^= x >> 15;
+    p[i] = x * 0x2c1b3c6du;
+  }
+}
+
+struct Launch {
+  bool read;
+  uint64_t bytes;  // read: the weight bytes; spin: nanoseconds
+};
+
+// The 27B step: 64 layers (every 4th full attention), then the final norm and the output head.
+// Small kernels at their in-graph durations (docs/performance.md, per-kernel breakdown).
+static std::vector<Launch> step_launches(bool with_small) {
+  const double MB = 1e6;
+  std::vector<Launch> s;
+  auto rd = [&](double mb) { s.push_back({true, uint64_t(mb * MB) / 16 * 16}); };
+  auto sp = [&](double us) {
+    if (with_small) s.push_back({false, uint64_t(us * 1e3)});
+  };
+  for (int l = 0; l < 64; ++l) {
+    const bool attn = l % 4 == 3;
+    sp(2.7);                      // input RMS norm
+    rd(attn ? 43.6 : 53.4);       // multi: q, k, v (, z / gate), gates
+    if (attn) {
+      sp(3.0), sp(6.0), sp(3.0);  // prologue (norms, rope, cache write), split-KV decode, gated combine
+    } else {
+      sp(3.0), sp(7.0);           // short convolution, fused GDN step
+    }
+    rd(20.6);                     // output projection + residual
+    sp(2.7);                      // post-attention RMS norm
+    rd(94.7);                     // gate + up + SwiGLU
+    rd(58.5);                     // down + residual
+  }
+  sp(2.7);
+  rd(993.3);                      // output head
+  return s;
+}
+
+int main(int argc, char** argv) {
+  int reps = argc > 1 ? std::atoi(argv[1]) : 7;
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  std::vector<Launch> bare = step_launches(false), full = step_launches(true);
+  uint64_t total = 0;
+  for (const Launch& l : bare) total += l.bytes;
+  uint8_t* buf;
+  CK(cudaMalloc(&buf, total + 4096));
+  uint32_t* sink;
+  CK(cudaMalloc(&sink, 64));
+  fill<<<sms * 8, 512>>>(reinterpret_cast<uint32_t*>(buf), (total + 4096) / 4);
+  CK(cudaDeviceSynchronize());
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+
+  int blocks = sms * 4;
+  const int threads = 512;  // 4 blocks per SM: 2,048 threads, 64 B in flight each
+  auto launch = [&](const Launch& l, uint64_t off, int mode, uint32_t ahead) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = mode != 0 ? 1 : 0;
+    if (l.read) {
+      cfg.gridDim = dim3(blocks), cfg.blockDim = dim3(threads);
+      CK(cudaLaunchKernelEx(&cfg, read_weights, reinterpret_cast<const uint4*>(buf + off), l.bytes / 16, sink,
+                            mode, ahead));
+    } else {
+      cfg.gridDim = dim3(1), cfg.blockDim = dim3(32);
+      CK(cudaLaunchKernelEx(&cfg, spin, l.bytes, mode));
+    }
+  };
+  // median ms of one graph replay of `seq`
+  auto time_seq = [&](const std::vector<Launch>& seq, int mode, uint32_t ahead) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    uint64_t off = 0;
+    for (const Launch& l : seq) {
+      launch(l, off, mode, ahead);
+      if (l.read) off += l.bytes;
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < 2; ++i) CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    std::vector<float> ms;
+    for (int r = 0; r < reps; ++r) {
+      CK(cudaEventRecord(e0, st));
+      CK(cudaGraphLaunch(ge, st));
+      CK(cudaEventRecord(e1, st));
+      CK(cudaEventSynchronize(e1));
+      float t;
+      CK(cudaEventElapsedTime(&t, e0, e1));
+      ms.push_back(t);
+    }
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    std::sort(ms.begin(), ms.end());
+    return double(ms[ms.size() / 2]);
+  };
+
+  const double one = time_seq({{true, total}}, 0, 0);
+  double spins_ns = 0;
+  for (const Launch& l : full)
+    if (!l.read) spins_ns += double(l.bytes);
+  std::printf("device %s, %d SMs; step: %zu read launches, %.2f GB; %zu small kernels, %.2f ms of spin\n", prop.name,
+              sms, bare.size(), total / 1e9, full.size() - bare.size(), spins_ns / 1e6);
+  std::printf("%-52s %9s %9s %9s\n", "variant", "ms/step", "GB/s", "of one");
+  std::printf("%-52s %9.3f %9.0f %8.1f%%\n", "one launch, all weights", one, total / one / 1e6, 100.0);
+  std::string json = "{\"device\": \"" + std::string(prop.name) + "\", \"bytes\": " + std::to_string(total) +
+                     ", \"one_launch_ms\": " + std::to_string(one) + ", \"variants\": {";
+  struct V {
+    const char* name;
+    bool small;
+    int mode;
+    uint32_t ahead;
+  };
+  const V vs[] = {
+      {"reads only, no PDL", false, 0, 0},       {"reads only, PDL late", false, 1, 0},
+      {"reads only, PDL ahead 1 (64 B/thread)", false, 2, 1}, {"reads only, PDL ahead 2", false, 2, 2},
+      {"reads only, PDL early", false, 3, 0},    {"with small kernels, no PDL", true, 0, 0},
+      {"with small kernels, PDL late", true, 1, 0}, {"with small kernels, PDL ahead 1", true, 2, 1},
+      {"with small kernels, PDL ahead 2", true, 2, 2}, {"with small kernels, PDL early", true, 3, 0},
+  };
+  bool first = true;
+  for (int bps : {4, 2, 1}) {  // read blocks of 512 threads per SM
+    blocks = sms * bps;
+    for (const V& v : vs) {
+      const double t = time_seq(v.small ? full : bare, v.mode, v.ahead);
+      const std::string name = std::string(v.name) + ", " + std::to_string(bps) + " blocks/SM";
+      std::printf("%-52s %9.3f %9.0f %8.1f%%\n", name.c_str(), t, total / t / 1e6, 100.0 * one / t);
+      json += std::string(first ? "" : ", ") + "\"" + name + "\": " + std::to_string(t);
+      first = false;
+    }
+  }
+  std::printf("json %s}}\n", json.c_str());
+  return 0;
+}
