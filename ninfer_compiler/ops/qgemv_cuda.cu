@@ -495,7 +495,9 @@ NINFER_QGEMV3(6, float, f32)
 #ifndef NINFER_V4_STAGES_Q6
 #define NINFER_V4_STAGES_Q6 2
 #endif
-#ifndef NINFER_V4_DIAG  // measurement builds only: 1 = loads without the math, 2 = math without activation loads
+// measurement builds only: 1 = loads without the math, 2 = math without activation loads, 3 = no
+// work at all (the launch and its PDL wait), 4 = the weight stream alone (1 without activation loads)
+#ifndef NINFER_V4_DIAG
 #define NINFER_V4_DIAG 0
 #endif
 // Registers per thread of every v4 entry: 80 keeps 3 blocks of 8 warps per SM (the q5 ring's shared
@@ -631,7 +633,7 @@ __device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* 
   uint4 xv[4][2];
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    if (NINFER_V4_DIAG == 2) {
+    if (NINFER_V4_DIAG == 2 || NINFER_V4_DIAG == 4) {
       xv[q][0] = xv[q][1] = make_uint4(0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u);
     } else {
       const uint4* xp = reinterpret_cast<const uint4*>(xs + q * 64);
@@ -667,7 +669,7 @@ __device__ __forceinline__ void v4_stage(const uint8_t* s, const __nv_bfloat16* 
       fb1 = high_word<6>(hvb, 1);
     }
     const uint4 x0 = xv[q][0], x1 = xv[q][1];
-    if (NINFER_V4_DIAG == 1) {  // every loaded word feeds the result, no conversion, no MMA
+    if (NINFER_V4_DIAG == 1 || NINFER_V4_DIAG == 4) {  // every loaded word feeds the result, no conversion, no MMA
       acc[q] += __uint_as_float((wa.x ^ wb.y ^ hva ^ x0.x ^ x1.w) & 0x3FFFFFFFu) +
                 __uint_as_float((wa.y ^ wb.x ^ hvb ^ x0.z ^ x1.y) & 0x3FFFFFFFu) * __low2float(q < 2 ? sc.a01 : sc.b23);
       continue;
@@ -902,6 +904,13 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
                                         uint32_t ks, const V4Epi& e, uint32_t blk, uint32_t tile0) {
   constexpr uint32_t STAGE = V4<BITS>::STAGE, STAGES = V4<BITS>::STAGES;
   extern __shared__ __align__(16) uint8_t v4_smem[];
+  if (NINFER_V4_DIAG == 3) {
+    if (PDL) {
+      pdl_wait();
+      pdl_trigger();
+    }
+    return;
+  }
 
   const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
   const uint32_t g = lane >> 2, c = lane & 3u;

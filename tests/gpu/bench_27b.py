@@ -12,6 +12,10 @@ bit for bit (`ninfer synth` output, including its artifact_id, is a function of 
 `prepare --baseline REV` also compiles the groupwise-int package from git revision REV's compiler
 (a worktree) into `pkg-baseline`; `run` then benches it in the same session (decode at 1 and 8
 requests, right after the groupwise-int package), for an A/B of a change on the same machine.
+`prepare --variant NAME=DEFINE[,DEFINE...]` (repeatable) compiles a measurement variant of the
+groupwise-int package whose decode GEMV kernels and launcher get those compile-time switches (e.g.
+`empty=NINFER_V4_DIAG=3`, see VARIANT_PREFIX); `run` benches each at decode (`NINFER_BENCH_VARIANTS`
+picks some).
 
 `run` first measures the two ceilings in the same run (device copy bandwidth through TVM, and the
 bf16 matrix rate with torch on random data, CUDA-event timed), rebuilds the synthetic artifact,
@@ -47,6 +51,11 @@ def package_dir(recipe: str) -> Path:
 
 
 BASELINE = STAGE / "pkg-baseline"
+# Measurement variants (`prepare --variant NAME=DEFINE,...`): the groupwise-int package with the decode
+# GEMV's compile-time switches changed in its kernels and launcher, e.g. `loads-only=NINFER_V4_DIAG=1`
+# (the math compiled out: the weight stream and activation loads stay, the outputs are wrong) or
+# `rings=NINFER_V4_STAGES_Q4=3,NINFER_V4_STAGES_Q5=4`. `run` benches each at decode after the package.
+VARIANT_PREFIX = "pkg-var-"
 
 
 def _compile_baseline(artifact: Path, rev: str) -> None:
@@ -66,7 +75,55 @@ def _compile_baseline(artifact: Path, rev: str) -> None:
     print(f"baseline {rev}: compiled in {time.perf_counter() - start:.1f} s", flush=True)
 
 
-def prepare(folder: Path, recipes: list[str], baseline: str | None = None) -> None:
+def variant_hooks(defines: list[str]):  # noqa: ANN201 (two functions replacing qgemv.fatbin / host_source)
+    """qgemv's fatbin with `defines` added, and its launcher source with the `#define`s of the same
+    names (the ring depths, which kernel and launcher must agree on) set to their values. A define
+    the launcher also spells must be found there: a depth changed in the kernel alone would size
+    the shared memory wrongly."""
+    import re
+
+    import ninfer_compiler.ops.qgemv as q
+    from ninfer_compiler.codegen.toolchain import nvcc_fatbin
+
+    host = q.host_source
+
+    def fatbin(arch: str, dense: bool = False) -> bytes:
+        extra = ("NINFER_GEMV_DENSE_ONLY",) if dense else ()
+        return nvcc_fatbin(q.DEVICE_SOURCE, arch, (*extra, q.codes_key(), *defines), tag="qgemv")
+
+    def host_source(arch: str, dense: bool = False) -> str:
+        text = host(arch, dense)
+        for d in defines:
+            name, _, value = d.partition("=")
+            text, found = re.subn(rf"#define {name} \S+", f"#define {name} {value or 1}", text)
+            if not found and name.startswith("NINFER_V4_STAGES"):
+                raise ValueError(f"variant define {name}: not in the launcher source")
+        return text
+
+    return fatbin, host_source
+
+
+def _variant_child(artifact: str, out: str, defines: list[str]) -> None:
+    """In the child of `_compile_variant`: the package with `variant_hooks(defines)` in place."""
+    import ninfer_compiler.ops.qgemv as q
+    from ninfer_compiler.compile import CompileOptions, compile_artifact
+
+    q.fatbin, q.host_source = variant_hooks(defines)
+    compile_artifact(Path(artifact), Path(out), CompileOptions(
+        target="h200", max_context=MAX_CONTEXT, prefill_chunk=PREFILL_CHUNK, max_batch=8))
+
+
+def _compile_variant(artifact: Path, name: str, defines: list[str]) -> None:
+    """STAGE / pkg-var-NAME (see VARIANT_PREFIX), compiled in a child process."""
+    out = STAGE / (VARIANT_PREFIX + name)
+    code = f"import bench_27b; bench_27b._variant_child({str(artifact)!r}, {str(out)!r}, {defines!r})"
+    start = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", code], cwd=str(Path(__file__).parent), env=env, check=True)
+    print(f"variant {name} ({', '.join(defines)}): compiled in {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def prepare(folder: Path, recipes: list[str], baseline: str | None = None, variants: list[str] = ()) -> None:
     sys.path.insert(0, str(ROOT / "tests" / "gpu"))
     from check_h200_tiny import _stage_runtime
 
@@ -88,6 +145,9 @@ def prepare(folder: Path, recipes: list[str], baseline: str | None = None) -> No
         print(f"{recipe}: compiled in {time.perf_counter() - start:.1f} s: {report.stage_seconds}", flush=True)
     if baseline:
         _compile_baseline(artifact_path(folder, "groupwise-int"), baseline)
+    for spec in variants:
+        name, _, defines = spec.partition("=")
+        _compile_variant(artifact_path(folder, "groupwise-int"), name, defines.split(","))
     _stage_runtime(STAGE)
     print(f"staged {STAGE}")
 
@@ -177,6 +237,18 @@ def run_inner(out: Path) -> int:
             print(f"== baseline ({recipe})\n{report.table()}", flush=True)
             (out / "results.json").write_text(json.dumps(results, indent=1))
             del runner
+        chosen = os.environ.get("NINFER_BENCH_VARIANTS")  # comma-separated names; unset: every staged variant
+        for pkg in sorted(STAGE.glob(VARIANT_PREFIX + "*")) if recipe == "groupwise-int" else []:
+            name = pkg.name[len(VARIANT_PREFIX):]
+            if chosen is not None and name not in chosen.split(","):
+                continue
+            runner = ModelRunner(pkg, artifact=artifact_path(Path("/tmp"), recipe),
+                                 options=RunnerOptions(max_active=8, context_bytes=24 << 30))
+            report = run_bench(runner, prompt_len=512, decode_tokens=32, concurrency=[1, 2, 4, 8], repeats=3)
+            results.setdefault("variants", {})[name] = {"bench": report.as_json()}
+            print(f"== variant {name} ({recipe})\n{report.table()}", flush=True)
+            (out / "results.json").write_text(json.dumps(results, indent=1))
+            del runner
     return 0
 
 
@@ -190,10 +262,12 @@ def main() -> int:
     parser.add_argument("--folder", type=Path, default=Path("/tmp/perf"), help="prepare: where the artifacts are written")
     parser.add_argument("--recipes", default=",".join(RECIPES), help="prepare: comma-separated recipes")
     parser.add_argument("--baseline", help="prepare: also build the groupwise-int package from this git revision")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="prepare: also build a measurement variant NAME=DEFINE[,DEFINE...] of the groupwise-int package")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/perf-out")))
     args = parser.parse_args()
     if args.step == "prepare":
-        prepare(args.folder, args.recipes.split(","), args.baseline)
+        prepare(args.folder, args.recipes.split(","), args.baseline, args.variant)
         return 0
     if args.step == "run":
         return run_outer(args.out)

@@ -142,6 +142,24 @@ def test_v4_stage_counts_match_launcher():
         assert 8 * qgemv.V4_STAGES[bits] * stage_bytes(bits)[2] <= 101376
 
 
+def test_bench_variants_set_kernel_and_launcher_ring_depths(monkeypatch):
+    """`bench_27b.py prepare --variant` changes a ring depth in the kernel's defines and the
+    launcher's source together (a depth changed in one alone sizes shared memory wrongly), and
+    refuses a depth define the launcher does not spell."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))
+    import bench_27b
+
+    monkeypatch.setattr(qgemv, "fatbin", lambda arch, dense=False: b"\x01")  # no nvcc here
+    _, host = bench_27b.variant_hooks(["NINFER_V4_STAGES_Q5=4", "NINFER_V4_DIAG=3"])
+    text = host("sm_90a")
+    assert "#define NINFER_V4_STAGES_Q5 4" in text and "#define NINFER_V4_STAGES_Q5 3" not in text
+    assert "#define NINFER_V4_STAGES_Q4 2" in text and "#define NINFER_V4_STAGES_Q6 2" in text
+    with pytest.raises(ValueError, match="NINFER_V4_STAGES_Q7"):
+        bench_27b.variant_hooks(["NINFER_V4_STAGES_Q7=3"])[1]("sm_90a")
+
+
 def _cuobjdump() -> Path:
     """The cuobjdump that ships with the pinned triton wheel (the CUDA toolkit here has none)."""
     import triton
