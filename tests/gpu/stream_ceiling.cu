@@ -14,7 +14,8 @@
 //     before the wait (as a GEMV's ring prologue does) and the rest after; PDL with every read
 //     before the wait ("early": the upper bound of the overlap, which no GEMV can have, since its
 //     math needs the previous kernel's output);
-//   * one launch reading all 15.39 GB (the streaming ceiling itself).
+//   * one launch reading all 15.39 GB (the streaming ceiling itself);
+//   * the chain with no bytes to read: what the launches and their dependencies cost alone.
 // Output: one line per variant (ms per step, GB/s, fraction of the single-launch ceiling), then
 // `json {...}` with the same numbers.
 #include <cuda_runtime.h>
@@ -227,6 +228,31 @@ int main(int argc, char** argv) {
       std::printf("%-52s %9.3f %9.0f %8.1f%%\n", name.c_str(), t, total / t / 1e6, 100.0 * one / t);
       json += std::string(first ? "" : ", ") + "\"" + name + "\": " + std::to_string(t);
       first = false;
+    }
+  }
+  // The chain without its bytes: the same launches with 0 bytes to read (each read launch only waits
+  // for its predecessor), the spin kernels alone, and both: what the launch dependencies cost.
+  blocks = sms * 4;
+  std::vector<Launch> no_bytes = full, empty_reads = bare, spins;
+  for (Launch& l : no_bytes)
+    if (l.read) l.bytes = 0;
+  for (Launch& l : empty_reads) l.bytes = 0;
+  for (const Launch& l : full)
+    if (!l.read) spins.push_back(l);
+  struct E {
+    const char* name;
+    const std::vector<Launch>* seq;
+  };
+  const E es[] = {{"no bytes: empty read launches and spin kernels", &no_bytes},
+                  {"no bytes: empty read launches alone", &empty_reads},
+                  {"no bytes: spin kernels alone", &spins}};
+  for (const E& e : es) {
+    for (int mode : {0, 1}) {
+      const double t = time_seq(*e.seq, mode, 0);
+      const std::string name = std::string(e.name) + (mode ? ", PDL" : ", no PDL");
+      std::printf("%-52s %9.3f ms, %5.2f us per launch (%zu launches)\n", name.c_str(), t, 1e3 * t / e.seq->size(),
+                  e.seq->size());
+      json += ", \"" + name + "\": " + std::to_string(t);
     }
   }
   std::printf("json %s}}\n", json.c_str());
