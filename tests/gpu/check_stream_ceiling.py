@@ -7,8 +7,10 @@
 The program replays the Qwen3.6-27B decode step's launch sequence with kernels that only read the
 weight bytes of each projection (and spin kernels in place of the small kernels between them) in one
 CUDA graph, PDL off / after the wait / partly / wholly before it, and prints ms per step against one
-launch reading all 15.39 GB. What it answers: how close to the copy bandwidth a step of ~257
-projection launches can get at all, before any GEMV math, i.e. what the per-launch structure costs.
+launch reading all 15.39 GB; then the same chain with no bytes to read (what the launches and their
+dependencies cost alone). What it answers: how close to the copy bandwidth a step of ~257
+projection launches can get at all, before any GEMV math, i.e. what the per-launch structure costs
+(docs/performance.md, "eleventh pass").
 """
 
 from __future__ import annotations
