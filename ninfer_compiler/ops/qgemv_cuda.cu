@@ -1268,9 +1268,18 @@ __device__ __forceinline__ void norm_scale8(const uint4& x, float inv, const flo
 
 // Weights are loaded before the wait, x once into registers after it; one reduction, one store.
 // `xq` (nullptr: none): rows 0..3 also as the int8 activations of the I8 GEMV entries.
+// NINFER_NORM_DIAG=1 (measurement builds only, wrong results): the launch and its PDL wait alone.
+#ifndef NINFER_NORM_DIAG
+#define NINFER_NORM_DIAG 0
+#endif
 template <typename TW>
 __device__ __forceinline__ void rms_norm_body(const __nv_bfloat16* x, const TW* __restrict__ w, __nv_bfloat16* y,
                                               uint32_t k, float eps, float offset, uint8_t* xq = nullptr) {
+  if (NINFER_NORM_DIAG == 1) {
+    pdl_wait();
+    pdl_trigger();
+    return;
+  }
   __shared__ float red[NORM_THREADS / 32];
   const uint32_t tid = threadIdx.x, vecs = k >> 3;
   float wv[NORM_VECS][8];
