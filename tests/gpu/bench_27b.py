@@ -75,6 +75,20 @@ def _compile_baseline(artifact: Path, rev: str) -> None:
     print(f"baseline {rev}: compiled in {time.perf_counter() - start:.1f} s", flush=True)
 
 
+def parse_variant(spec: str) -> tuple[str, list[str]]:
+    """`NAME=DEFINE[,DEFINE...]` -> (NAME, [DEFINE, ...]); each define NAME or NAME=VALUE, C identifiers."""
+    import re
+
+    name, _, rest = spec.partition("=")
+    defines = rest.split(",") if rest else []
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise ValueError(f"--variant {spec!r}: the name must be letters, digits, '.', '_' or '-'")
+    if not defines or not all(re.fullmatch(r"[A-Za-z_]\w*(=[\w.-]+)?", d) for d in defines):
+        raise ValueError(f"--variant {spec!r}: expected NAME=DEFINE[,DEFINE...], each DEFINE a C macro name "
+                         "with an optional =VALUE")
+    return name, defines
+
+
 def variant_hooks(defines: list[str]):  # noqa: ANN201 (two functions replacing qgemv.fatbin / host_source)
     """qgemv's fatbin with `defines` added, and its launcher source with the `#define`s of the same
     names (the ring depths, which kernel and launcher must agree on) set to their values. A define
@@ -146,8 +160,7 @@ def prepare(folder: Path, recipes: list[str], baseline: str | None = None, varia
     if baseline:
         _compile_baseline(artifact_path(folder, "groupwise-int"), baseline)
     for spec in variants:
-        name, _, defines = spec.partition("=")
-        _compile_variant(artifact_path(folder, "groupwise-int"), name, defines.split(","))
+        _compile_variant(artifact_path(folder, "groupwise-int"), *parse_variant(spec))
     _stage_runtime(STAGE)
     print(f"staged {STAGE}")
 
@@ -267,6 +280,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/perf-out")))
     args = parser.parse_args()
     if args.step == "prepare":
+        for spec in args.variant:  # before minutes of synthesis and compilation
+            try:
+                parse_variant(spec)
+            except ValueError as exc:
+                parser.error(str(exc))
         prepare(args.folder, args.recipes.split(","), args.baseline, args.variant)
         return 0
     if args.step == "run":

@@ -39,6 +39,10 @@ def build() -> int:
 
 
 def run(out: Path, reps: int) -> int:
+    if not BINARY.exists():
+        print(f"{BINARY} is missing: run `check_stream_ceiling.py build` on the build machine and carry "
+              f"{STAGE.relative_to(ROOT)}", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run([str(BINARY), str(reps)], capture_output=True, text=True, check=False)
     (out / "stream_ceiling.log").write_text(proc.stdout + proc.stderr)
@@ -58,6 +62,8 @@ def main() -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--reps", type=int, default=9)
     a = ap.parse_args()
+    if a.cmd == "run" and a.reps < 1:
+        ap.error("--reps must be at least 1")
     return build() if a.cmd == "build" else run(a.out, a.reps)
 
 

@@ -128,7 +128,11 @@ static std::vector<Launch> step_launches(bool with_small) {
 }
 
 int main(int argc, char** argv) {
-  int reps = argc > 1 ? std::atoi(argv[1]) : 7;
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 7;
+  if (reps < 1) {
+    std::fprintf(stderr, "usage: stream_ceiling [REPS >= 1]\n");
+    return 2;
+  }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
