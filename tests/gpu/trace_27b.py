@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Where one Qwen3.6-27B-shaped decode step's time goes inside its CUDA graph, kernel by kernel.
+
+ncu times kernels one at a time, so it cannot show what the PDL chain overlaps. This traces the real
+graph: CUPTI's kernel records (through torch.profiler, in the same process as TVM's runtime) give
+each kernel's start and end on the GPU clock. Per kernel kind it reports the duration and the
+*advance*: how far the kernel moves the step's last end (end minus the latest end of the kernels
+launched before it); the advances add up to the step time, so they are each kind's share of the
+critical path, overlap included. `lead` is how early a kernel starts before its predecessor ends
+(its PDL prologue: weight copies, state reads), `idle` how long the GPU ran nothing before it.
+
+    # build machine: the packages, as for bench_27b.py
+    .venv/bin/python tests/gpu/bench_27b.py prepare --folder /tmp/perf --recipes groupwise-int
+    # GPU machine (carry .cache/ninfer/perf-27b); NINFER_TRACE_PACKAGES: pkg and/or pkg-var-NAME
+    python3 tests/gpu/trace_27b.py --out $OUT/trace [--concurrency 1,8] [--steps 5]
+
+Prints a table per package and concurrency last; writes `trace.json` (per kind) under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_27b  # noqa: E402  (paths and the runtime staging of the benchmark)
+
+GAP_US = 30.0  # kernels further apart than this belong to different steps (steps are synchronised)
+
+
+def kind(name: str, grid: list | None = None) -> str:
+    """A kernel's kind: its symbol without TVM's fused-function suffixes; the decode GEMVs also by
+    grid size (one launch shape per projection)."""
+    base = name.split("(")[0].strip()
+    for cut in ("_kernel", "_compute_"):
+        if cut in base and not base.startswith("ninfer_"):
+            base = base.split(cut)[0]
+    if base.startswith("ninfer_qgemv") and grid:
+        base = f"{base} [{grid[0]}]"
+    return base[:60]
+
+
+def split_steps(kernels: list[dict]) -> list[list[dict]]:
+    steps: list[list[dict]] = []
+    last_end = None
+    for k in sorted(kernels, key=lambda k: k["ts"]):
+        if last_end is None or k["ts"] - last_end > GAP_US:
+            steps.append([])
+        steps[-1].append(k)
+        last_end = k["ts"] + k["dur"] if last_end is None else max(last_end, k["ts"] + k["dur"])
+    return steps
+
+
+def analyse(step: list[dict]) -> dict:
+    """Per kind: launches, total duration, total advance and lead (us) of one step."""
+    out: dict = {}
+    latest = None
+    for k in sorted(step, key=lambda k: k["ts"]):
+        end = k["ts"] + k["dur"]
+        advance = k["dur"] if latest is None else max(0.0, end - latest)
+        lead = 0.0 if latest is None else max(0.0, latest - k["ts"])
+        gap = 0.0 if latest is None else max(0.0, k["ts"] - latest)
+        latest = end if latest is None else max(latest, end)
+        row = out.setdefault(kind(k["name"], k.get("args", {}).get("grid")), {"n": 0, "dur": 0.0, "advance": 0.0, "lead": 0.0, "gap": 0.0})
+        row["n"] += 1
+        row["dur"] += k["dur"]
+        row["advance"] += advance
+        row["lead"] += lead
+        row["gap"] += gap
+    span = latest - min(k["ts"] for k in step)
+    return {"span_us": span, "kinds": out}
+
+
+def host_phases(runner, step_fn, seqs, tokens, steps: int = 30) -> dict:  # noqa: ANN001
+    """Wall time of a decode step as `ninfer bench` takes it (host to host), and the host calls in
+    it: the graph inputs' upload, the graph function's call (which returns once the graph is queued)
+    and everything before the read-back of the chosen tokens (which waits for the GPU)."""
+    import time
+
+    import ninfer_runtime.runner as rmod
+
+    spent = {"write": 0.0, "call": 0.0, "queued": 0.0}
+    write, call, decode = rmod._GraphInputs.write, runner._decode_graph, runner._decode
+
+    def timed(key, fn):  # noqa: ANN001, ANN202
+        def wrapper(*a):  # noqa: ANN002, ANN202
+            t = time.perf_counter()
+            try:
+                return fn(*a)
+            finally:
+                spent[key] += time.perf_counter() - t
+        return wrapper
+
+    rmod._GraphInputs.write = timed("write", write)
+    runner._decode_graph = timed("call", call)
+    runner._decode = timed("queued", decode)
+    walls = []
+    try:
+        for _ in range(steps):
+            t = time.perf_counter()
+            step_fn(seqs, tokens())
+            walls.append(time.perf_counter() - t)
+    finally:
+        rmod._GraphInputs.write = write
+        runner._decode_graph = call
+        del runner._decode  # back to the class's method
+    return {"wall_us": statistics.median(walls) * 1e6, **{f"{k}_us": v / steps * 1e6 for k, v in spent.items()}}
+
+
+def trace_package(pkg: Path, artifact: Path, concurrency: list[int], n_steps: int) -> dict:
+    import numpy as np
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ninfer_runtime.runner import ModelRunner, RunnerOptions
+
+    runner = ModelRunner(pkg, artifact=artifact, options=RunnerOptions(max_active=8, context_bytes=24 << 30))
+    rng = np.random.default_rng(0)
+    vocab = min(runner.manifest.raw["model"]["vocab_size"], 1 << 15)
+    step_fn = runner.decode_greedy if runner.device_greedy else runner.decode
+    result: dict = {}
+    for c in concurrency:
+        seqs = [runner.pool.acquire() for _ in range(c)]
+        try:
+            for s in seqs:
+                runner.prefill(s, rng.integers(2, vocab, 64))
+            for _ in range(3):
+                step_fn(seqs, rng.integers(2, vocab, c))
+            host = host_phases(runner, step_fn, seqs, lambda c=c: rng.integers(2, vocab, c))
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(n_steps):
+                    step_fn(seqs, rng.integers(2, vocab, c))
+                    torch.cuda.synchronize()
+            path = Path("/tmp") / f"trace-{pkg.name}-{c}.json"
+            prof.export_chrome_trace(str(path))
+        finally:
+            for s in seqs:
+                runner.pool.release(s)
+        events = json.loads(path.read_text())["traceEvents"]
+        kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+        steps = [s for s in split_steps(kernels) if len(s) > 50]  # a decode step has hundreds of kernels
+        if not steps:
+            raise SystemExit(f"{pkg.name}: no decode step in the trace ({len(kernels)} kernel records); "
+                             "does CUPTI see the graph's kernels?")
+        per = [analyse(s) for s in steps]
+        best = sorted(per, key=lambda p: p["span_us"])[len(per) // 2]  # the median step
+        result[str(c)] = {"spans_us": [p["span_us"] for p in per], "median": best,
+                          "kernels_per_step": len(steps[0]), "host": host}
+    del runner
+    return result
+
+
+def table(name: str, c: str, entry: dict) -> str:
+    med = entry["median"]
+    host = entry["host"]
+    lines = [f"== {name}, {c} request(s): step span {med['span_us'] / 1e3:.3f} ms on the GPU (median of "
+             f"{len(entry['spans_us'])}: {', '.join(f'{s / 1e3:.3f}' for s in entry['spans_us'])}), "
+             f"{entry['kernels_per_step']} kernels",
+             f"host to host (untraced) {host['wall_us'] / 1e3:.3f} ms: queued after {host['queued_us']:.1f} us "
+             f"(input upload {host['write_us']:.1f} us, graph call {host['call_us']:.1f} us), the rest waits "
+             "for the GPU and reads the tokens back",
+             f"{'kernel kind':<60} {'n':>4} {'dur us':>9} {'us/launch':>9} {'advance us':>10} {'share':>6} "
+             f"{'lead us':>8} {'idle us':>8}"]
+    rows = sorted(med["kinds"].items(), key=lambda kv: -kv[1]["advance"])
+    for k, r in rows:
+        lines.append(f"{k:<60} {r['n']:>4} {r['dur']:>9.1f} {r['dur'] / r['n']:>9.2f} {r['advance']:>10.1f} "
+                     f"{r['advance'] / med['span_us']:>6.1%} {r['lead'] / r['n']:>8.2f}")
+    return "\n".join(lines)
+
+
+def inner(out: Path, concurrency: list[int], n_steps: int) -> int:
+    names = os.environ.get("NINFER_TRACE_PACKAGES", "pkg").split(",")
+    artifact = bench_27b.artifact_path(Path("/tmp"), "groupwise-int")
+    if not artifact.exists():
+        job = bench_27b._synthesize_in_background("groupwise-int")
+        if job.wait() != 0:
+            raise SystemExit("synthesis failed")
+    results = {}
+    for name in names:
+        pkg = bench_27b.STAGE / name
+        if not (pkg / "manifest.json").exists():
+            raise SystemExit(f"{pkg}: no package (run bench_27b.py prepare first)")
+        results[name] = trace_package(pkg, artifact, concurrency, n_steps)
+        (out / "trace.json").write_text(json.dumps(results, indent=1))
+    for name, per_c in results.items():
+        for c, entry in per_c.items():
+            print(table(name, c, entry), flush=True)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/trace-out")))
+    parser.add_argument("--concurrency", default="1", help="comma-separated request counts")
+    parser.add_argument("--steps", type=int, default=5, help="traced decode steps per concurrency")
+    parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    try:
+        concurrency = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        parser.error(f"--concurrency {args.concurrency!r}: comma-separated integers")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.inner:
+        return inner(args.out, concurrency, args.steps)
+    # the benchmark's environment (TVM's runtime staged next to the packages), this script inside it
+    site = Path("/tmp/ninfer-trace-site")
+    shutil.rmtree(site, ignore_errors=True)
+    site.mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--target", str(site), *map(str, sorted((bench_27b.STAGE / "wheels").glob("*.whl")))], check=True)
+    for mod, src in (("ninfer_runtime", "runtime"), ("ninfer_compiler", "ninfer_compiler")):
+        (site / mod).symlink_to(bench_27b.ROOT / src)
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(site), str(bench_27b.STAGE / "site")])}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--inner", "--out", str(args.out),
+           "--concurrency", args.concurrency, "--steps", str(args.steps)]
+    return subprocess.run(cmd, env=env, cwd="/tmp").returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
