@@ -59,3 +59,29 @@ def test_decode_graph_captures_the_whole_step():
     assert "ninfer_rms_norm" in externs(captured)
     assert len(inside) + len(externs(captured)) > 30
     assert len(inside) + 1 == len(launches(relax_fns["decode"].script()))
+
+
+def test_decode_graph_replay_does_not_unpack_the_weights():
+    """The weight tuple goes to the capture function whole (`params_into_capture`): a replay runs
+    no per-weight VM instruction; only weights read outside the graph stay unpacked outside."""
+    target = tvm_target(targets.load("h200"))
+    model = Qwen35ForCausalLM(Qwen35TextConfig.from_dict(TEXT), ModelOptions(dtype="bfloat16"))
+    with target:
+        mod, _ = export_module(model, model.upper_bounds(max_prefill_tokens=64, max_batch=4))
+    mod = add_graph_variants(mod)
+    with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
+        mod = relax_pipeline(target)(mod)
+    graph = mod["decode_graph"]
+    packed = graph.params[-1]
+    n_weights = len(packed.ty.fields)
+    outer = graph.script()
+    capture = mod["decode_graph_cuda_graph_capture"]
+    inner = capture.script()
+    unpacked_outside = len(re.findall(rf"\b{packed.name}\[\d+\]", outer))
+    unpacked_inside = len(re.findall(rf"\b{capture.params[-1].name}\[\d+\]", inner))
+    # the output head (the logits are allocated per call, outside the graph) is the one weight left
+    assert unpacked_outside == 1, unpacked_outside
+    assert unpacked_inside >= n_weights - 1, (unpacked_inside, n_weights)  # (+ its shape checks)
+    assert isinstance(capture.params[-1].ty, tvm.ir.TupleType)
+    call = re.search(r'run_or_capture", \(decode_graph_cuda_graph_capture, \(([^()]*)', outer)
+    assert call is not None and packed.name in call.group(1).split(", "), outer
