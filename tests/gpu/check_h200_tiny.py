@@ -64,6 +64,9 @@ PACKAGES = {  # stage name -> (target, activation dtype override)
 }
 RUN = {"pkg-h200-fp32": ("float32", 1e-3), "pkg-h200": ("bfloat16", 5e-2)}
 KERNEL_TOLERANCE = 1e-4  # fp32 kernels against the CPU kernels (fast-math exp, other summation order)
+# except the chunked GDN prefill, which feeds the tensor cores fp16 operands by design (5e-4 to 1.4e-3
+# against float64 in docs/kernels/gdn-chunked.md)
+KERNEL_TOLERANCES = {"gdn_chunked": 2e-3}
 BLOCKED_IMPORTS = ("torch", "cuda", "cupy", "nvidia", "triton", "jax")
 FORBIDDEN_LIBS = ("nvrtc", "nvJitLink", "nvptxcompiler", "ptxjitcompiler", "libtvm_compiler")
 
@@ -216,7 +219,8 @@ def run_inner(stage: Path, out: Path) -> int:
     tvm.runtime.empty((1,), "int8", dev)  # initialise the CUDA context before driver queries
     results["device"] = f"{dev.device_name} (compute {dev.compute_version})"
     results["kernels"] = kernel_cases.run(stage)
-    ok = all(r.get("max_rel", 1.0) <= KERNEL_TOLERANCE for r in results["kernels"].values())
+    ok = all(r.get("max_rel", 1.0) <= KERNEL_TOLERANCES.get(name, KERNEL_TOLERANCE)
+             for name, r in results["kernels"].items())
     rows = []
     for name, (dtype, tol) in RUN.items():
         outs = {}

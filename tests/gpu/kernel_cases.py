@@ -111,8 +111,12 @@ def build(stage: Path) -> dict:
         outs = list(res) if isinstance(res, tvm.ir.Array | tuple | list) else [res]
         expected = {f"out{i}": o.numpy() for i, o in enumerate(outs)}
         expected.update({f"after{i}": t.numpy() for i, t in enumerate(tensors)})
-        with gpu:
-            mod, _ = model.export_tvm(spec=model.get_export_spec())
+        with gpu:  # (the CUDA targets' extern kernels: host launchers linked in, as export_module does)
+            mod, _, ext_mods = model.export_tvm(spec=model.get_export_spec(), allow_extern=True)
+            if ext_mods:
+                from ninfer_compiler.codegen.toolchain import host_objects
+
+                mod = tvm.relax.transform.AttachExternModules(host_objects(ext_mods))(mod)
         with cuda_build(gpu):
             compile_module(mod, gpu).export_library(str(out / f"{name}.so"))
         np.savez(out / f"{name}.npz", **{f"in{i}": a for i, a in enumerate(arrays)}, **expected)
