@@ -171,7 +171,7 @@ def table(name: str, c: str, entry: dict) -> str:
     rows = sorted(med["kinds"].items(), key=lambda kv: -kv[1]["advance"])
     for k, r in rows:
         lines.append(f"{k:<60} {r['n']:>4} {r['dur']:>9.1f} {r['dur'] / r['n']:>9.2f} {r['advance']:>10.1f} "
-                     f"{r['advance'] / med['span_us']:>6.1%} {r['lead'] / r['n']:>8.2f}")
+                     f"{r['advance'] / med['span_us']:>6.1%} {r['lead'] / r['n']:>8.2f} {r['gap'] / r['n']:>8.2f}")
     return "\n".join(lines)
 
 
