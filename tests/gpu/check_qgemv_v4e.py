@@ -49,11 +49,26 @@ BUILDS = {
     "r64": ["-DNINFER_V4_MAXREG=64"],  # other register caps (4 / 2 blocks of 8 warps per SM)
     "r128": ["-DNINFER_V4_MAXREG=128"],
     "d1": ["-DNINFER_V4_DIAG=1"],  # loads only (no numerics): the streaming limit of the build
+    # deeper q5 rings (the residual-add projections launch less than a wave of warps: few bytes in
+    # flight per SM); the launches below size their shared memory by the build's depth (`stages`)
+    "q5s4": ["-DNINFER_V4_STAGES_Q5=4"],
+    "q5s6": ["-DNINFER_V4_STAGES_Q5=6"],
+    "d1q5s6": ["-DNINFER_V4_DIAG=1", "-DNINFER_V4_STAGES_Q5=6"],
 }
 # the q4 entries on int8 activations (`i8_check`): (mode, N, K), SwiGLU: gate and up of N rows each
 I8_CASES = {"q4 swiglu 2x17408x5120": ("swiglu", 17408, 5120), "q4 plain 6144x5120": ("plain", 6144, 5120),
             "q4 plain 2048x5120": ("plain", 2048, 5120), "q4 plain 5120x17408": ("plain", 5120, 17408)}
-DIAG = {"d1"}
+DIAG = {"d1", "d1q5s6"}
+
+
+def stages(tag: str) -> dict[int, int]:
+    """The ring depth per format of build `tag` (its NINFER_V4_STAGES_Q* defines, else STAGES)."""
+    out = dict(STAGES)
+    for d in BUILDS.get(tag, []):
+        for bits in (4, 5, 6):
+            if d.startswith(f"-DNINFER_V4_STAGES_Q{bits}="):
+                out[bits] = int(d.split("=", 1)[1])
+    return out
 # (mode, format, N, K): the 27B decode launches of the fused entries (swiglu: gate and up of N rows each)
 CASES = {
     "q4 swiglu 2x17408x5120": ("swiglu", 4, 17408, 5120),
@@ -517,7 +532,7 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
     def function(tag: str, name: str, bits: int):
         if (tag, name) not in cache:
             fn = mods[tag].get_function(name)
-            fn.max_dynamic_shared_size_bytes = 8 * STAGES[bits] * (_v4_stage_bytes(bits) + 512)  # the most
+            fn.max_dynamic_shared_size_bytes = min(227 * 1024, 8 * stages(tag)[bits] * (_v4_stage_bytes(bits) + 512))
             cache[(tag, name)] = fn
         return cache[(tag, name)]
 
@@ -560,11 +575,11 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
         ref_w = [decode_planes(cp.asnumpy(p[0][rows]), cp.asnumpy(p[1][rows]) if hb else None,
                                cp.asnumpy(p[2][rows]), bits) for p in sets[0]]
         grid, warps, ks = geometry(mode, bits, n, k, force_ks)
-        smem = warps * STAGES[bits] * _v4_stage_bytes(bits)
         entry = f"ninfer_qgemv4e_q{bits}_{mode}"
 
-        def launch(tag, ws, x, y, b, residual=None, entry=entry, grid=grid, warps=warps, ks=ks, smem=smem, n=n, k=k,
+        def launch(tag, ws, x, y, b, residual=None, entry=entry, grid=grid, warps=warps, ks=ks, n=n, k=k,
                    bits=bits):
+            smem = warps * stages(tag)[bits] * _v4_stage_bytes(bits)
             epi = np.zeros((), dtype=EPI)
             epi["y_stride"] = n
             if len(ws) == 2:
