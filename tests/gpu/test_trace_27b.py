@@ -1,0 +1,50 @@
+"""The decode-step timeline's bookkeeping (`trace_27b.py`), on made-up kernel records (no GPU)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import trace_27b  # noqa: E402
+
+
+def _k(name: str, ts: float, dur: float, grid: list[int] | None = None) -> dict:
+    return {"name": name, "ts": ts, "dur": dur, "args": {"grid": grid} if grid else {}}
+
+
+def test_advances_add_up_to_the_span_and_charge_overlap_to_nobody() -> None:
+    step = [
+        _k("ninfer_qgemv4e_q5_add", 0.0, 10.0, [320, 1, 1]),
+        _k("ninfer_rms_norm_wbf16", 8.0, 4.0),          # starts 2 us early (PDL), ends 2 us later
+        _k("ninfer_qgemv4e_q5_add", 11.0, 10.0, [320, 1, 1]),
+        _k("gdn_decode_kernel", 25.0, 5.0),             # 4 us of idle GPU before it
+    ]
+    out = trace_27b.analyse(step)
+    assert out["span_us"] == pytest.approx(30.0)
+    kinds = out["kinds"]
+    assert sum(r["advance"] for r in kinds.values()) == pytest.approx(out["span_us"])
+    add = kinds["ninfer_qgemv4e_q5_add [320]"]
+    assert add["n"] == 2 and add["dur"] == pytest.approx(20.0)
+    assert add["advance"] == pytest.approx(10.0 + 9.0) and add["lead"] == pytest.approx(1.0)
+    norm = kinds["ninfer_rms_norm_wbf16"]
+    assert norm["advance"] == pytest.approx(2.0) and norm["lead"] == pytest.approx(2.0)
+    gdn = kinds["gdn_decode"]
+    assert gdn["advance"] == pytest.approx(9.0) and gdn["gap"] == pytest.approx(4.0)
+
+
+def test_a_kernel_inside_another_one_advances_nothing() -> None:
+    out = trace_27b.analyse([_k("a", 0.0, 20.0), _k("b", 2.0, 5.0), _k("c", 21.0, 1.0)])
+    assert out["kinds"]["b"]["advance"] == 0.0
+    assert out["kinds"]["c"]["advance"] == pytest.approx(2.0)  # from 20 to 22: the idle us count too
+
+
+def test_steps_are_split_at_gaps_and_kinds_drop_tvm_suffixes() -> None:
+    records = [_k("a", 0.0, 5.0), _k("b", 6.0, 5.0), _k("a", 11.0 + trace_27b.GAP_US + 1, 5.0)]
+    steps = trace_27b.split_steps(list(reversed(records)))  # any order in the trace file
+    assert [len(s) for s in steps] == [2, 1]
+    assert trace_27b.kind("fused_split_kernel(float*)") == "fused_split"
+    assert trace_27b.kind("ninfer_qgemv4e_q45_multi", [640, 1, 1]) == "ninfer_qgemv4e_q45_multi [640]"
+    assert trace_27b.kind("ninfer_rms_norm_wbf16") == "ninfer_rms_norm_wbf16"
