@@ -73,6 +73,11 @@ KERNEL_FEATURES: dict[str, bool] = {
     # than the norm kernel it replaces (27B decode 7.26 -> 7.71 ms at one request, 9.21 -> 12.08 at
     # eight; docs/kernels/decode-gemv-v4.md "tenth pass"), so opt-in
     "gemv_add_norm": False,
+    # the mixers' q4 + q5 projections of the input norm's output on int8 activations (the norm writes
+    # them, `ninfer_qgemv4e_q45_multi_i8` reads them at <= 4 rows; ops/qgemv.py `norm_multi_int8_supported`):
+    # its stages are the int8 entries' (replayed in tests/compiler/ops/test_qgemv_i8.py), but the launch
+    # itself has not run on a GPU yet (tests/gpu/check_qgemv_v4e.py `mixed_check` checks and times it), so opt-in
+    "gemv_int8_multi": False,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
     # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)
     "fp8_row_triton": True,

@@ -51,15 +51,18 @@ def _kernel(name: str, x: nn.Tensor, modules: Sequence[nn.Module]) -> tuple[Call
     return (fn, weights) if ok else (None, [])
 
 
-def multi_linear(x: nn.Tensor, groups: Sequence[Sequence[nn.Module]]) -> list[nn.Tensor]:
+def multi_linear(x: nn.Tensor, groups: Sequence[Sequence[nn.Module]], xq: nn.Tensor | None = None) -> list[nn.Tensor]:
     """For each group, the concatenation (last axis) of its modules' outputs on `x`.
 
     One fused launch for all groups when the kernel takes every weight; else one for the groups it
-    takes (e.g. the grouped-int projections beside bf16 gates) and the plain modules for the rest."""
+    takes (e.g. the grouped-int projections beside bf16 gates) and the plain modules for the rest.
+    `xq`: x also as the norm's int8 activations (`norm_int8_for_multi`), which the one decode launch
+    over every group reads where its int8 entry runs (x is read otherwise)."""
     fn, weights = _kernel("gemv_multi", x, [m for g in groups for m in g])
     if fn is not None:
         it = iter(weights)
-        return list(fn(x, [[next(it) for _ in g] for g in groups]))
+        ws = [[next(it) for _ in g] for g in groups]
+        return list(fn(x, ws, xq) if xq is not None and _decode_shaped(x) else fn(x, ws))
     fused = [i for i, g in enumerate(groups) if _kernel("gemv_multi", x, list(g))[0] is not None]
     outs: list[nn.Tensor | None] = [None] * len(groups)
     if fused:
@@ -81,6 +84,19 @@ def multi_linear(x: nn.Tensor, groups: Sequence[Sequence[nn.Module]]) -> list[nn
             parts = [m(x) for m in group]
             outs[i] = parts[0] if len(parts) == 1 else op.concat(parts, dim=-1)
     return outs
+
+
+def norm_int8_for_multi(x: nn.Tensor, norm_weight: nn.Tensor, eps: float, offset: bool,
+                        modules: Sequence[nn.Module]) -> tuple[nn.Tensor, nn.Tensor] | None:
+    """`(rms_norm(x), its int8 activations)` from one decode norm kernel when the q4 + q5 projections
+    `modules` of the norm's output can read int8 activations in their multi launch (the opt-in kernel
+    feature "gemv_int8_multi", `qgemv.norm_multi_int8_supported`), else None (the caller runs its norm)."""
+    if not (_decode_shaped(x) and tuned_cuda_kernels()):
+        return None
+    weights = [linear_weight(m) for m in modules]
+    if not qgemv.norm_multi_int8_supported(x, norm_weight, [weights]):
+        return None
+    return qgemv.rms_norm_xq(x, norm_weight, eps, offset)
 
 
 def swiglu(x: nn.Tensor, gate: nn.Module, up: nn.Module) -> nn.Tensor:

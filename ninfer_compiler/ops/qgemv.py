@@ -55,6 +55,7 @@ ADD_SYMBOL, SWIGLU_SYMBOL, MULTI_SYMBOL = "ninfer_qgemv_add", "ninfer_qgemv_swig
 SWIGLU_I8_SYMBOL = "ninfer_qgemv_swiglu_i8"  # the SwiGLU on the norm's int8 activations (q4, <= 4 rows)
 SWIGLU_I8X_SYMBOL = "ninfer_qgemv_swiglu_i8x"  # ... also writing its output as int8 activations
 ADD_I8_SYMBOL = "ninfer_qgemv_add_i8"  # the residual-add projection on int8 activations (q4 / q5)
+MULTI_I8_SYMBOL = "ninfer_qgemv_multi_i8"  # the multi launch, its mixed q4 + q5 part on int8 activations
 XQ_MAX_OUTPUTS = 64 * 8192  # qgemv_cuda.cu V4_XQ_GROUPS: outputs of a SwiGLU writing int8 activations
 ADD_NORM_SYMBOL = "ninfer_qgemv_add_norm"  # the residual add, then the RMS norm of its output (passes/add_norm.py)
 ADD_NORM_XQ_SYMBOL = "ninfer_qgemv_add_norm_xq"  # ... the norm also writing int8 activations
@@ -186,6 +187,10 @@ def _infer_qgemv_multi(x: nn.Tensor, n_out: int, *rest) -> tuple[nn.Tensor, ...]
     return tuple(outs)
 
 
+def _infer_qgemv_multi_i8(x: nn.Tensor, xq: nn.Tensor, n_out: int, *rest) -> tuple[nn.Tensor, ...]:
+    return _infer_qgemv_multi(x, n_out, *rest)
+
+
 def _extern(target: tvm.target.Target, dense: bool = False) -> nn.SourceModule:
     """A launcher module, registered once per export (a symbol may be added only once)."""
     exporter = Exporter.current()
@@ -199,6 +204,7 @@ def _extern(target: tvm.target.Target, dense: bool = False) -> nn.SourceModule:
                  {SYMBOL: _infer_qgemv, ADD_SYMBOL: _infer_qgemv_add, SWIGLU_SYMBOL: _infer_qgemv_swiglu,
                   SWIGLU_I8_SYMBOL: _infer_qgemv_swiglu_i8, SWIGLU_I8X_SYMBOL: _infer_qgemv_swiglu_i8x,
                   ADD_I8_SYMBOL: _infer_qgemv_add_i8, MULTI_SYMBOL: _infer_qgemv_multi,
+                  MULTI_I8_SYMBOL: _infer_qgemv_multi_i8,
                   ADD_NORM_SYMBOL: _infer_qgemv_add_norm, ADD_NORM_XQ_SYMBOL: _infer_qgemv_add_norm_xq})
     module = nn.SourceModule(
         functions,
@@ -446,13 +452,29 @@ def _v4_planes(w: LinearWeight) -> list:
     return [w.base, w.base if w.high is None else w.high, w.scales]
 
 
-def _v4_multi(x: nn.Tensor, outputs: list[list[LinearWeight]]) -> tuple[nn.Tensor, ...]:
+def _v4_multi(x: nn.Tensor, outputs: list[list[LinearWeight]], xq: nn.Tensor | None = None) -> tuple[nn.Tensor, ...]:
     args: list = [x, len(outputs), *(len(ws) for ws in outputs)]
     for ws in outputs:
         for w in ws:
             args += [w.bits, *_v4_planes(w)]
     _extern(tvm.target.Target.current())  # registers the launcher
+    if xq is not None:
+        args.insert(1, xq)
+        return _call_outputs(MULTI_I8_SYMBOL, args, _infer_qgemv_multi_i8(*args))
     return _call_outputs(MULTI_SYMBOL, args, _infer_qgemv_multi(*args))
+
+
+def norm_multi_int8_supported(x: nn.Tensor, weight: nn.Tensor, outputs: Sequence[Sequence[LinearWeight | None]]) -> bool:
+    """Whether `rms_norm_xq` + `gemv_multi(..., xq)` take this decode norm and these projections of its
+    output (the opt-in kernel feature "gemv_int8_multi"): the norm kernel's input, K a multiple of
+    256, weights the v4 multi launch takes, both q4 and q5 among them (the mixed launch is the one with
+    an int8 entry; the launcher falls back to the bf16 entries on x where it cannot run it)."""
+    weights = [w for ws in outputs for w in ws]
+    if not (kernel_feature("gemv_int8_multi") and int8_enabled() and not v5_enabled() and weights
+            and all(w is not None for w in weights) and norm_supported(x, weight) and int(x.shape[-1]) % 256 == 0):
+        return False
+    fmts = {w.fmt for w in weights}
+    return {"q4_g64_fp16", "q5_g64_fp16"} <= fmts and v4_fused_accepts(x, weights)
 
 
 def fused_accepts(x: nn.Tensor, weights: Sequence[LinearWeight], *, op: str = "multi") -> bool:
@@ -480,13 +502,18 @@ def fused_accepts(x: nn.Tensor, weights: Sequence[LinearWeight], *, op: str = "m
     return op == "multi"
 
 
-def gemv_multi(x: nn.Tensor, outputs: Sequence[Sequence[LinearWeight]]) -> tuple[nn.Tensor, ...]:
+def gemv_multi(x: nn.Tensor, outputs: Sequence[Sequence[LinearWeight]],
+               xq: nn.Tensor | None = None) -> tuple[nn.Tensor, ...]:
     """One launch: output i is `[b, 1, sum of its weights' rows]`, the concatenation of x @ W^T over
-    its weights (all weights share K). fp32 accumulation, one bf16 rounding per output element."""
+    its weights (all weights share K). fp32 accumulation, one bf16 rounding per output element.
+    `xq`: x as the norm's int8 activations (`rms_norm_xq`), read by the mixed q4 + q5 launch at <= 4
+    rows (`norm_multi_int8_supported`)."""
     outputs = [list(ws) for ws in outputs]
     weights = [w for ws in outputs for w in ws]
     if not v5_enabled() and outputs and all(outputs) and v4_fused_accepts(x, weights):
-        return _v4_multi(x, outputs)
+        return _v4_multi(x, outputs, xq)
+    if xq is not None:
+        raise ValueError("gemv_multi: int8 activations need the v4 multi launch (see norm_multi_int8_supported)")
     if not outputs or not all(outputs) or len(outputs) > V5_MAX_OUTPUTS or not fused_accepts(x, weights):
         raise ValueError("gemv_multi: unsupported inputs (see fused_accepts)")
     args: list = [x, len(outputs), *(len(ws) for ws in outputs)]

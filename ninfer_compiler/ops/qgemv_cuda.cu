@@ -1112,15 +1112,31 @@ NINFER_QGEMV4E_I8(5, V4_ADD, add)
 // the q4 weights first; blocks [0, blocks4) run their tiles as the q4 entry does (K split `ks`),
 // the rest the q5 tiles after them (K split `ks5`), each block one format, so the per-format loops
 // and rings of the two entries are used unchanged (the ring memory is the larger format's).
+template <bool I8>
+__device__ __forceinline__ void v4_multi45(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high,
+                                           const __half* scales, __nv_bfloat16* y, uint32_t n_rows, uint32_t k,
+                                           uint32_t b_rows, uint32_t ks, const V4Epi& e, uint32_t blocks4, uint32_t ks5) {
+  const uint32_t warps = blockDim.x >> 5;
+  if (blockIdx.x < blocks4)
+    v4_body<4, __nv_bfloat16, true, V4_MULTI, I8>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u);
+  else
+    v4_body<5, __nv_bfloat16, true, V4_MULTI, I8>(x, base, high, scales, y, n_rows, k, b_rows, ks5, e,
+                                                  blockIdx.x - blocks4, blocks4 * (warps / ks));
+}
+
 extern "C" __global__ void NINFER_V4_BOUNDS ninfer_qgemv4e_q45_multi(
     const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, const __half* scales, __nv_bfloat16* y,
     uint32_t n_rows, uint32_t k, uint32_t b_rows, uint32_t ks, const V4Epi e, uint32_t blocks4, uint32_t ks5) {
-  const uint32_t warps = blockDim.x >> 5;
-  if (blockIdx.x < blocks4)
-    v4_body<4, __nv_bfloat16, true, V4_MULTI>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u);
-  else
-    v4_body<5, __nv_bfloat16, true, V4_MULTI>(x, base, high, scales, y, n_rows, k, b_rows, ks5, e,
-                                              blockIdx.x - blocks4, blocks4 * (warps / ks));
+  v4_multi45<false>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blocks4, ks5);
+}
+
+// The same on int8 activations (`v4_stage_i8`; x is the norm's xq bytes, `e.x_scales` their scales;
+// b <= 4): the mixers' projections of the input norm's output (the opt-in kernel feature
+// "gemv_int8_multi").
+extern "C" __global__ void NINFER_V4_BOUNDS ninfer_qgemv4e_q45_multi_i8(
+    const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, const __half* scales, __nv_bfloat16* y,
+    uint32_t n_rows, uint32_t k, uint32_t b_rows, uint32_t ks, const V4Epi e, uint32_t blocks4, uint32_t ks5) {
+  v4_multi45<true>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blocks4, ks5);
 }
 
 

@@ -65,10 +65,12 @@ const Driver& driver() {
 // Kernel names of this build, indexed by kernel_index / dense_index.
 #ifndef NINFER_GEMV_DENSE_ONLY
 // v2: 4 formats x 4 batch sizes x 2 dtypes; v3: q4/q5/q6; v4 (the launcher's entries): q4/q5/q6 x
-// 4 epilogues, the mixed q4 + q5 multi entry, and on int8 activations q4 plain / SwiGLU / add and q5 add
-constexpr int kKernels = 32 + 3 + 12 + 1 + 4;
+// 4 epilogues, the mixed q4 + q5 multi entry, and on int8 activations q4 plain / SwiGLU / add, q5 add
+// and the mixed multi
+constexpr int kKernels = 32 + 3 + 12 + 1 + 5;
 constexpr int kMulti45Index = 47;
 constexpr int kI8Index = 48;  // + 0: q4 plain, + 1: q4 SwiGLU, + 2: q4 add, + 3: q5 add (`v4_stage_i8`)
+constexpr int kMulti45I8Index = 52;
 constexpr uint32_t kXqGroups = 8192;  // qgemv_cuda.cu V4_XQ_GROUPS: the SwiGLU's xq output has <= 64 x this
 
 // v4's ring depth per format; must equal the kernel's (tests/compiler/ops/test_qgemv_v4.py checks).
@@ -132,8 +134,8 @@ int v4_index(int bits, uint32_t mode) { return 35 + 4 * (bits - 4) + static_cast
 
 std::string kernel_name(int i) {
   if (i >= kI8Index) {
-    const char* names[4] = {"ninfer_qgemv4e_q4_plain_i8", "ninfer_qgemv4e_q4_swiglu_i8", "ninfer_qgemv4e_q4_add_i8",
-                            "ninfer_qgemv4e_q5_add_i8"};
+    const char* names[5] = {"ninfer_qgemv4e_q4_plain_i8", "ninfer_qgemv4e_q4_swiglu_i8", "ninfer_qgemv4e_q4_add_i8",
+                            "ninfer_qgemv4e_q5_add_i8", "ninfer_qgemv4e_q45_multi_i8"};
     return names[i - kI8Index];
   }
   if (i == kMulti45Index) return "ninfer_qgemv4e_q45_multi";
@@ -196,7 +198,9 @@ CUfunction lookup(int index) {
 #ifndef NINFER_GEMV_DENSE_ONLY
     if (i >= 35) {  // v4 asks for more than the 48 KB of shared memory that need no opt-in
       rc = d.func_set_attribute(fn, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */,
-                                static_cast<int>(i >= kI8Index ? v4_smem(i == kI8Index + 3 ? 5 : 4, kV4MaxWarps, true)
+                                static_cast<int>(i == kMulti45I8Index
+                                                     ? std::max(v4_smem(4, kV4MaxWarps, true), v4_smem(5, kV4MaxWarps, true))
+                                                 : i >= kI8Index ? v4_smem(i == kI8Index + 3 ? 5 : 4, kV4MaxWarps, true)
                                                  : i == kMulti45Index
                                                      ? std::max(v4_smem(4, kV4MaxWarps), v4_smem(5, kV4MaxWarps))
                                                      : v4_smem((i - 35) / 4 + 4, kV4MaxWarps)));
@@ -421,10 +425,12 @@ uint32_t multi_segments(V4Epi& e, const Planes* w, const int64_t* stride, uint32
 // A V4_MULTI entry launched once per 8 activation rows at xp (bf16), each launch's outputs at its
 // rows of y_s (row stride stride_s). `blocks4`, `ks5`: the mixed entry's last two parameters (the
 // per-format entries take none past `e`; the driver reads only the parameters a kernel has).
+// `xq`: an int8 entry's activations (all of x's <= 4 rows, one launch), read instead of xp.
 void launch_multi(CUfunction fn, V4Epi& e, const char* xp, int64_t rows, int64_t k, const Planes* w, char* const* y,
                   const int64_t* stride, uint32_t nseg, uint32_t tiles, uint32_t ks, uint32_t grid, uint32_t warps,
-                  uint32_t smem, CUstream stream, uint32_t blocks4 = 0, uint32_t ks5 = 0) {
+                  uint32_t smem, CUstream stream, uint32_t blocks4 = 0, uint32_t ks5 = 0, const char* xq = nullptr) {
   TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(xp) % 16 == 0) << "ninfer_gemv: x must be 16-byte aligned";
+  TVM_FFI_ICHECK(xq == nullptr || rows <= 4) << "ninfer_gemv: int8 activations hold at most 4 rows";
   const void* bp = w[0].base;
   const void* hp = w[0].high;
   const void* sp = w[0].scales;
@@ -435,7 +441,7 @@ void launch_multi(CUfunction fn, V4Epi& e, const char* xp, int64_t rows, int64_t
       const uint32_t i = s < nseg ? s : nseg - 1;
       e.seg_y[s] = y[i] + r0 * stride[i] * 2;
     }
-    const void* xr = xp + r0 * k * 2;
+    const void* xr = xq != nullptr ? static_cast<const void*>(xq) : static_cast<const void*>(xp + r0 * k * 2);
     void* yr = e.seg_y[0];
     void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks, &e, &blocks4, &ks5};
     launch(fn, grid, warps * 32, smem, stream, args);
@@ -457,9 +463,10 @@ void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* 
 // One mixed-format V4_MULTI launch (`ninfer_qgemv4e_q45_multi`): w[0 .. n4) are q4 weights, w[n4
 // .. nseg) q5 weights, each v4_fits. Each block runs one format: the q4 tiles at the q4 K split,
 // then the q5 tiles at the q5 K split, in blocks of the same size. False (nothing launched) where
-// there are not both formats or the q4 tiles do not fill whole blocks.
+// there are not both formats or the q4 tiles do not fill whole blocks. `xq`: x also as the norm's int8
+// activations, read by the int8 entry where it runs (<= 4 rows, NINFER_GEMV_INT8 not 0), or nullptr.
 bool run_multi45(const char* xp, int64_t rows, int64_t k, const Planes* w, char* const* y, const int64_t* stride,
-                 uint32_t n4, uint32_t nseg, CUstream stream) {
+                 uint32_t n4, uint32_t nseg, CUstream stream, const char* xq = nullptr) {
   if (n4 == 0 || n4 >= nseg || nseg > V4_SEGS) return false;
   V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 0.f, 0u};
   const uint32_t tiles = multi_segments(e, w, stride, nseg), tiles4 = e.seg_end[n4 - 1], tiles5 = tiles - tiles4;
@@ -468,8 +475,12 @@ bool run_multi45(const char* xp, int64_t rows, int64_t k, const Planes* w, char*
   const uint32_t warps = std::max({4u, ks4, ks5});
   if (tiles4 % (warps / ks4) != 0) return false;
   const uint32_t blocks4 = tiles4 / (warps / ks4), blocks5 = (tiles5 + warps / ks5 - 1) / (warps / ks5);
-  launch_multi(lookup(kMulti45Index), e, xp, rows, k, w, y, stride, nseg, tiles, ks4, blocks4 + blocks5, warps,
-               std::max(v4_smem(4, warps), v4_smem(5, warps)), stream, blocks4, ks5);
+  const bool i8 = xq != nullptr && rows <= 4 && int8_enabled();
+  if (i8) e.x_scales = xq + k * 8;
+  const bool staged = i8 && rows == 1;  // (an int8 entry at one row stages its activations in the ring)
+  launch_multi(lookup(i8 ? kMulti45I8Index : kMulti45Index), e, xp, rows, k, w, y, stride, nseg, tiles, ks4,
+               blocks4 + blocks5, warps, std::max(v4_smem(4, warps, staged), v4_smem(5, warps, staged)), stream,
+               blocks4, ks5, i8 ? xq : nullptr);
   return true;
 }
 
@@ -610,16 +621,19 @@ void qgemv_swiglu_i8x(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, int64_t b
 
 }  // namespace
 
+namespace {
 // (x, n_out, n_0 .. n_{n_out-1}, then per weight: bits, base, high, scales, then y_0 .. y_{n_out-1}):
-// output o is the concatenation (last axis) of x W^T over its n_o weights; one launch per weight,
-// each writing its slice, chained by PDL (no concatenation kernel).
-extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_multi(void*, const TVMFFIAny* packed, int32_t num_args,
-                                                             TVMFFIAny* result) {
-  TVM_FFI_SAFE_CALL_BEGIN();
+// output o is the concatenation (last axis) of x W^T over its n_o weights; the v4-capable weights
+// share launches (the q4 and q5 ones one mixed launch), the others one launch each, all chained by
+// PDL (no concatenation kernel). `with_xq`: x is followed by its int8 activations (the norm's xq),
+// which the mixed launch reads instead of x where its int8 entry runs.
+void multi_call(const tvm::ffi::AnyView* args, int32_t num_args, bool with_xq) {
   using tvm::ffi::TensorView;
-  const tvm::ffi::AnyView* a = reinterpret_cast<const tvm::ffi::AnyView*>(packed);
-  TVM_FFI_ICHECK(num_args >= 2) << "ninfer_qgemv_multi: too few arguments";
-  const TensorView x = a[0].cast<TensorView>();
+  TVM_FFI_ICHECK(num_args >= (with_xq ? 3 : 2)) << "ninfer_qgemv_multi: too few arguments";
+  const TensorView x = args[0].cast<TensorView>();
+  const TensorView xq_view = with_xq ? args[1].cast<TensorView>() : x;
+  const tvm::ffi::AnyView* a = args + (with_xq ? 1 : 0);  // a[0] stands for x, a[1] is n_out
+  num_args -= with_xq ? 1 : 0;
   const int64_t nout = a[1].cast<int64_t>();
   TVM_FFI_ICHECK(nout >= 1 && num_args >= 2 + nout) << "ninfer_qgemv_multi: bad n_out";
   int64_t nw = 0;
@@ -671,7 +685,8 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_multi(void*, const TVMF
         picked[nseg++] = q;
         n4 += bits == 4 ? 1u : 0u;
       }
-    if (run_multi45(address(x), rows, k, w, ys, strides, n4, nseg, stream))
+    const char* xq = with_xq ? xq_address(&xq_view, k, "ninfer_qgemv_multi_i8") : nullptr;
+    if (run_multi45(address(x), rows, k, w, ys, strides, n4, nseg, stream, xq))
       for (uint32_t s = 0; s < nseg; ++s) done[picked[s]] = true;
   }
   for (size_t p = 0; p < items.size(); ++p) {
@@ -695,6 +710,22 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_multi(void*, const TVMF
     }
     run_multi(address(x), rows, k, items[p].bits, w, ys, strides, nseg, stream);
   }
+}
+}  // namespace
+
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_multi(void*, const TVMFFIAny* packed, int32_t num_args,
+                                                             TVMFFIAny* result) {
+  TVM_FFI_SAFE_CALL_BEGIN();
+  multi_call(reinterpret_cast<const tvm::ffi::AnyView*>(packed), num_args, false);
+  reinterpret_cast<tvm::ffi::Any*>(result)->operator=(nullptr);
+  TVM_FFI_SAFE_CALL_END();
+}
+
+// (x, xq, n_out, ...): the same, with x's int8 activations
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_multi_i8(void*, const TVMFFIAny* packed, int32_t num_args,
+                                                                TVMFFIAny* result) {
+  TVM_FFI_SAFE_CALL_BEGIN();
+  multi_call(reinterpret_cast<const tvm::ffi::AnyView*>(packed), num_args, true);
   reinterpret_cast<tvm::ffi::Any*>(result)->operator=(nullptr);
   TVM_FFI_SAFE_CALL_END();
 }

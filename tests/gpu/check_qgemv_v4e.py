@@ -427,7 +427,8 @@ def i8_check(cp, mods, say, rng, reps: int, function) -> tuple[bool, list]:  # n
 
 def mixed_check(cp, mod, say, rng, reps: int) -> tuple[bool, list]:  # noqa: ANN001
     """The mixed entry against float64 (b = 1..8, NaN-poisoned outputs) and its time against the two
-    per-format multi launches it replaces (qgemv_host.cc `run_multi45` / `run_multi` geometry)."""
+    per-format multi launches it replaces (qgemv_host.cc `run_multi45` / `run_multi` geometry); then
+    its int8 form on the norm's int8 activations (b = 1..4) against float64 and the bf16 form."""
     ok, rows_out = True, []
     for name, segs in MIXED.items():
         case_ok, rows = _mixed_case(cp, mod, say, rng, reps, name, segs)
@@ -511,7 +512,47 @@ def _mixed_case(cp, mod, say, rng, reps: int, name: str, segs: list) -> tuple[bo
         rows_out.append((name, b, nbytes, err, t_mixed, t_split))
         say(f"mixed {name:26} {nbytes / 1e6:5.1f} MB b={b} err {err:.2e}  one launch {t_mixed:.2f} us, "
             f"two launches {t_split:.2f} us")
-    return err <= 1e-2, rows_out
+    # the same launch on int8 activations (`ninfer_qgemv4e_q45_multi_i8`), written by the norm with the
+    # int8 copy from a random residual row, against float64 on the norm's bf16 output, b = 1..4
+    fn8 = mod.get_function("ninfer_qgemv4e_q45_multi_i8")
+    smem8 = {b: warps * max(STAGES[q] * (_v4_stage_bytes(q) + (512 if b == 1 else 0)) for q in (4, 5)) for b in range(1, 5)}
+    fn8.max_dynamic_shared_size_bytes = smem8[1]
+    norm = mod.get_function("ninfer_rms_norm_xq_wbf16")
+    xq = cp.zeros(k * 8 + k // 256 * 64, dtype=cp.uint8)
+    nw16 = cp.asarray(((rng.standard_normal(k) * 0.1).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+
+    def normalize(b):  # a residual row through the norm: xn (bf16) and xq
+        h = cp.asarray((rng.standard_normal((b, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+        xn = cp.empty((b, k), dtype=cp.uint16)
+        norm((b,), (256,), (h, nw16, xn, u32(k), np.float32(1e-6), np.float32(1.0), xq))
+        return xn
+
+    def mixed8(ws, ys, b):
+        e = epi_of(ws, ys, list(range(len(segs))))
+        e["x_scales"] = int(xq.data.ptr) + 8 * k
+        fn8((blocks4 + blocks5,), (warps * 32,), (xq, *ws[0], ys[0], u32(16 * (t4 + t5)), u32(k), u32(b), u32(ks4),
+                                                   e[()], u32(blocks4), u32(ks5)), shared_mem=smem8[b])
+
+    err8 = 0.0
+    for b in range(1, 5):
+        xn = normalize(b)
+        x64 = (cp.asnumpy(xn).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        ys = [cp.full((b, n), 0x7FC0, dtype=cp.uint16) for _, n in segs]
+        mixed8(sets[0], ys, b)
+        for y, r in zip(ys, refs, strict=True):
+            got = (cp.asnumpy(y).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+            ref = x64 @ r.T
+            e = float(np.abs(got - ref).max() / np.abs(ref).max())
+            err8 = max(err8, e if np.isfinite(e) else float("inf"))
+    for b in (1, 2, 4):
+        xn = normalize(b)
+        ys = [cp.zeros((b, n), dtype=cp.uint16) for _, n in segs]
+        t_i8 = graph_us(lambda i, ys=ys, b=b: mixed8(sets[i % copies], ys, b), 20, reps)
+        t_bf16 = graph_us(lambda i, xn=xn, ys=ys, b=b: mixed(sets[i % copies], xn, ys, b), 20, reps)
+        rows_out.append((name + " int8", b, nbytes, err8, t_i8, t_bf16))
+        say(f"mixed {name:26} {nbytes / 1e6:5.1f} MB b={b} int8 err {err8:.2e}  int8 {t_i8:.2f} us, "
+            f"bf16 {t_bf16:.2f} us (same launch, the norm's output)")
+    return err <= 1e-2 and err8 <= 1e-2, rows_out
 
 
 def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, force_ks: int = 0) -> int:

@@ -45,6 +45,10 @@ class GatedAttention(nn.Module):
         self.key_norm = OffsetRMSNorm(head_dim, eps, plan.dense_dtype_of(f"{path}.key_norm"))
         self.output = make_linear(q_width, hidden, plan, f"{path}.output")
 
+    def decode_projections(self) -> list[nn.Module]:
+        """The projections of h that decode runs in one multi launch (what `h_xq` is for)."""
+        return [self.query, self.gate, self.key, self.value]
+
     def forward(
         self,
         h: nn.Tensor,
@@ -55,12 +59,14 @@ class GatedAttention(nn.Module):
         layer: int,
         page_size: int,
         residual: nn.Tensor,
+        h_xq: nn.Tensor | None = None,
     ) -> tuple[nn.Tensor, nn.Tensor]:
-        """`h [B, T, H]` -> `(residual + y [B, T, H], kv_pool)`; `layer` indexes attention layers only."""
+        """`h [B, T, H]` -> `(residual + y [B, T, H], kv_pool)`; `layer` indexes attention layers only.
+        `h_xq`: h also as the input norm's int8 activations (`decode_projections`), for the multi launch."""
         b, t = h.shape[0], h.shape[1]
         d = self.head_dim
         q, gate, k, v = fused_linear.multi_linear(
-            h, [[self.query], [self.gate], [self.key], [self.value]]
+            h, [[self.query], [self.gate], [self.key], [self.value]], xq=h_xq
         )
         if (attention_prologue.supported(q, kv_pool, d, self.rope.rotary_dim)
                 and self.query_norm.eps == self.key_norm.eps):

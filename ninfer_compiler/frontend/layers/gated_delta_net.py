@@ -53,6 +53,11 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(v_head_dim, eps, plan.dense_dtype_of(f"{path}.norm"))
         self.output = make_linear(value_width, hidden, plan, f"{path}.output")
 
+    def decode_projections(self) -> list[nn.Module]:
+        """The projections of h that decode runs in one multi launch where the GDN step computes the
+        gates itself (what `h_xq` is for; elsewhere it goes unused)."""
+        return [self.query, self.key, self.value, self.z]
+
     def forward(
         self,
         h: nn.Tensor,
@@ -63,17 +68,19 @@ class GatedDeltaNet(nn.Module):
         layer: int,
         chunked: bool,
         residual: nn.Tensor,
+        h_xq: nn.Tensor | None = None,
     ) -> tuple[nn.Tensor, nn.Tensor, nn.Tensor]:
         """`h [B, T, H]` -> `(residual + y, gdn_state, conv_state)`; `layer` indexes GDN layers only.
 
-        Sequences with `seq_lens[b] == 0` start from zero conv and recurrent state.
+        Sequences with `seq_lens[b] == 0` start from zero conv and recurrent state. `h_xq`: h also as
+        the input norm's int8 activations (`decode_projections`), for the decode multi launch.
         """
         b, t = h.shape[0], h.shape[1]
         fused_step = gdn_decode_fused.supported(h, gdn_state, self.dk, self.dv)
         gate_weights = [m.weight if isinstance(m, Linear) else None for m in (self.a_projection, self.b_projection)]
         if fused_step and gdn_decode_fused.gates_foldable(h, *gate_weights, self.hv):
             # decode on CUDA: the step kernel also computes the two small bf16 gate projections
-            mixed, z = fused_linear.multi_linear(h, [[self.query, self.key, self.value], [self.z]])
+            mixed, z = fused_linear.multi_linear(h, [[self.query, self.key, self.value], [self.z]], xq=h_xq)
             a, beta_in, gate_input = gate_weights[0], gate_weights[1], h
         else:
             # one launch for every projection of h where the kernels allow it (decode on CUDA)

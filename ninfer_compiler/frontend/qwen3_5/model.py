@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op, spec
 
+from ...ops import fused_linear
 from ...ops.gather import last_token
 from ...ops.greedy import greedy_choice
 from ..layers.embedding import make_embedding
@@ -108,17 +109,21 @@ class Qwen35DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, plan, f"{path}.mlp")
 
     def forward(self, x: nn.Tensor, step: StepInputs, caches: Caches) -> tuple[nn.Tensor, Caches]:
-        h = self.input_norm(x)
+        mixer = self.attention if self.is_attention else self.gdn
+        # decode: the norm may also hand the mixer's projections its output as int8 activations
+        normed = fused_linear.norm_int8_for_multi(x, self.input_norm.weight, self.input_norm.eps, True,
+                                                  mixer.decode_projections())
+        h, h_xq = normed if normed is not None else (self.input_norm(x), None)
         if self.is_attention:
             x, kv_pool = self.attention(
                 h, step.positions, caches.kv_pool, step.page_table, step.seq_lens,
-                self.cache_index, step.page_size, residual=x,
+                self.cache_index, step.page_size, residual=x, h_xq=h_xq,
             )  # fmt: skip
             caches = replace(caches, kv_pool=kv_pool)
         else:
             x, gdn_state, conv_state = self.gdn(
                 h, caches.gdn_state, caches.conv_state, step.slot_ids, step.seq_lens,
-                self.cache_index, step.chunked, residual=x,
+                self.cache_index, step.chunked, residual=x, h_xq=h_xq,
             )  # fmt: skip
             caches = replace(caches, gdn_state=gdn_state, conv_state=conv_state)
         x = self.mlp.forward_norm_add(self.post_attention_norm, x)

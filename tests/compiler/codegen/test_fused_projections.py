@@ -167,6 +167,23 @@ def test_decode_mlp_on_int8_activations_when_opted_in(mid_artifact, monkeypatch)
     assert "ninfer_qgemv_swiglu_i8" not in calls and calls.count("ninfer_rms_norm_xq") == 4
 
 
+def test_decode_mixers_on_int8_activations_when_opted_in(mid_artifact, monkeypatch):
+    """With the kernel feature "gemv_int8_multi" every input norm also writes its output as int8
+    activations and the mixer's multi call reads them (`ninfer_qgemv_multi_i8`, x and xq from the
+    same norm call); without it the input norms and multi calls stay as they were."""
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    monkeypatch.setenv("NINFER_KERNELS", "+gemv_int8_multi")
+    decode = _export(mid_artifact)["decode"].script()
+    calls = _extern_calls(decode)
+    assert calls.count("ninfer_qgemv_multi_i8") == 4 and "ninfer_qgemv_multi" not in calls
+    assert calls.count("ninfer_rms_norm_xq") == 8 and calls.count("ninfer_rms_norm") == 1  # the final norm
+    assert calls.count("ninfer_qgemv_swiglu_i8") == 4  # the MLP as by default
+    for var in re.findall(r'(\w+) = R\.call_dps_packed\("ninfer_rms_norm_xq"', decode):
+        n = re.search(rf"(\w+): R\.Tensor\(\(b, 1, 256\), dtype=\"bfloat16\"\) = {var}\[0\]", decode).group(1)
+        q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[1\]", decode).group(1)
+        assert re.search(rf'"ninfer_qgemv_(multi|swiglu)_i8", \({n}, {q}, ', decode), var
+
+
 def _extern_calls(script: str) -> list[str]:
     """The packed functions a Relax function calls, once per call site."""
     import re
