@@ -78,6 +78,11 @@ constexpr uint32_t kXqGroups = 8192;  // qgemv_cuda.cu V4_XQ_GROUPS: the SwiGLU'
 #define NINFER_V4_STAGES_Q5 3
 #define NINFER_V4_STAGES_Q6 2
 constexpr uint32_t kV4MaxWarps = 8;
+// The largest K split of a q5 residual-add or plain v4 launch at one or two activation rows (a
+// measurement knob: `bench_27b.py prepare --variant NAME=NINFER_V4_Q5_KS_FEW_ROWS=4`; 8 caps nothing).
+// Per launch the down projection ran 6% faster at ks 4 than at 8 with 1-2 rows, slower with 4-8
+// (docs/kernels/decode-gemv-v4.md, "twelfth pass").
+#define NINFER_V4_Q5_KS_FEW_ROWS 8
 
 // v4 epilogues (V4Mode in qgemv_cuda.cu) and the kernel's by-value parameter `V4Epi`.
 enum V4Mode : uint32_t { V4_PLAIN = 0, V4_ADD = 1, V4_SWIGLU = 2, V4_MULTI = 3 };
@@ -392,7 +397,13 @@ void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Plan
                               : v4 ? v4_index(bits, mode) : v3 ? v3_index(bits) : kernel_index(bits, batch, f32));
     const void* xr = i8 ? static_cast<const void*>(xq) : static_cast<const void*>(xp + r0 * k * esize);
     void* yr = yp + r0 * y_stride * esize;
-    uint32_t ks = v4 ? ks4 : v3 ? ks3 : ks2;
+    uint32_t ks = v4 ? ks4 : v3 ? ks3 : ks2, warps_v4 = warps4, grid_v4 = grid4;
+    if (v4 && bits == 5 && !swiglu && b <= 2 && ks > NINFER_V4_Q5_KS_FEW_ROWS) {
+      ks = NINFER_V4_Q5_KS_FEW_ROWS;
+      warps_v4 = ks > 4 ? ks : 4;
+      const uint32_t tiles = static_cast<uint32_t>(n / 16);
+      grid_v4 = (tiles + warps_v4 / ks - 1) / (warps_v4 / ks);
+    }
     V4Epi e{up ? up->base : nullptr, up ? up->high : nullptr, up ? up->scales : nullptr,
             residual ? residual + r0 * n * 2 : nullptr, ys, {}, {}, {}, {}, {}, {}, i8 ? xq + k * 8 : nullptr,
             i8 ? xq_out : nullptr, norm ? norm->w : nullptr, norm ? norm->y + r0 * n * 2 : nullptr,
@@ -400,8 +411,8 @@ void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Plan
             norm && norm->wbf16 ? 1u : 0u};
     TVM_FFI_ICHECK(norm == nullptr || (v4 && mode == V4_ADD)) << "ninfer_gemv: add_norm runs on v4 residual adds only";
     void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks, v4 ? static_cast<void*>(&e) : static_cast<void*>(&ys)};
-    const uint32_t grid = v4 ? grid4 : v3 ? grid3 : grid2, threads = v4 ? warps4 * 32 : v3 ? threads3 : 256;
-    launch(fn, grid, threads, v4 ? v4_smem(bits, warps4, i8 && b == 1) : 0, stream, args);
+    const uint32_t grid = v4 ? grid_v4 : v3 ? grid3 : grid2, threads = v4 ? warps_v4 * 32 : v3 ? threads3 : 256;
+    launch(fn, grid, threads, v4 ? v4_smem(bits, warps_v4, i8 && b == 1) : 0, stream, args);
   }
 }
 

@@ -158,6 +158,10 @@ def test_bench_variants_set_kernel_and_launcher_ring_depths(monkeypatch):
     assert "#define NINFER_V4_STAGES_Q4 2" in text and "#define NINFER_V4_STAGES_Q6 2" in text
     with pytest.raises(ValueError, match="NINFER_V4_STAGES_Q7"):
         bench_27b.variant_hooks(["NINFER_V4_STAGES_Q7=3"])[1]("sm_90a")
+    # the launcher-only knob of the q5 K split at few rows (8: no cap, the default)
+    assert "#define NINFER_V4_Q5_KS_FEW_ROWS 8" in qgemv.host_source("sm_90a")
+    text = bench_27b.variant_hooks(["NINFER_V4_Q5_KS_FEW_ROWS=4"])[1]("sm_90a")
+    assert "#define NINFER_V4_Q5_KS_FEW_ROWS 4" in text and "ks > NINFER_V4_Q5_KS_FEW_ROWS" in text
     assert bench_27b.parse_variant("rings=NINFER_V4_STAGES_Q4=3,NINFER_V4_DIAG") == (
         "rings", ["NINFER_V4_STAGES_Q4=3", "NINFER_V4_DIAG"])
     for bad in ("rings", "rings=", "=NINFER_V4_DIAG=1", "a/b=X=1", "rings=X=1,", "rings=-DX"):
