@@ -18,36 +18,11 @@
 // `griddepcontrol.wait`, as v4 does), each launch reading its own copy of the plane (L2 holds none).
 // Output: a line per shape and mechanism (us per launch, GB/s, fraction of the grid read), then
 // `json {...}`.
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
-#include <vector>
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                            \
-    }                                                                                          \
-  } while (0)
+#include "stream_common.cuh"
 
 namespace {
-
-__device__ __forceinline__ void gdc_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void gdc_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
-__device__ __forceinline__ uint4 ld_nc(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 __device__ __forceinline__ void cp16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
@@ -136,7 +111,7 @@ __global__ void regs(const uint8_t* base, uint32_t n_rows, uint32_t k, uint32_t 
   const uint8_t* src = w.rows + size_t(lane >> 3) * w.stride + w.u0 * 128u + (lane & 7u) * 16u;
   uint4 cur[4], nxt[4];
   auto load = [&](uint4* d, uint32_t u) {
-    for (uint32_t j = 0; j < 4; ++j) d[j] = ld_nc(src + size_t(4 * j) * w.stride + u * 128u);
+    for (uint32_t j = 0; j < 4; ++j) d[j] = ld_stream(reinterpret_cast<const uint4*>(src + size_t(4 * j) * w.stride + u * 128u));
   };
   if (w.n > 0) load(cur, 0);
   gdc_wait();
@@ -193,31 +168,6 @@ __global__ void tma(const uint8_t* base, uint32_t n_rows, uint32_t k, uint32_t k
     }
   }
   if (acc == 0x9e3779b9u) sink[0] = acc;
-}
-
-__global__ void grid_read(const uint4* p, uint64_t nvec, uint32_t* sink) {
-  gdc_wait();
-  gdc_launch();
-  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
-  uint32_t acc = 0;
-  uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < nvec; i += 4 * stride) {
-    const uint4 a = ld_nc(p + i), b = ld_nc(p + i + stride), c = ld_nc(p + i + 2 * stride), d = ld_nc(p + i + 3 * stride);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-  }
-  for (; i < nvec; i += stride) {
-    const uint4 a = ld_nc(p + i);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w;
-  }
-  if (acc == 0x9e3779b9u) sink[0] = acc;
-}
-
-__global__ void fill(uint32_t* p, uint64_t n) {
-  for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 0x9e3779b1u + 0x7f4a7c15u;
-    x ^= x >> 15;
-    p[i] = x * 0x2c1b3c6du;
-  }
 }
 
 using Kernel = void (*)(const uint8_t*, uint32_t, uint32_t, uint32_t, uint32_t*);
@@ -278,28 +228,9 @@ int main(int argc, char** argv) {
 
   // median us per launch of a graph of `copies` PDL-chained launches, each on its own copy
   auto time_chain = [&](auto&& launch_one) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int c = 0; c < copies; ++c) launch_one(c);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 2; ++i) CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
-    std::vector<float> ms;
-    for (int r = 0; r < reps; ++r) {
-      CK(cudaEventRecord(e0, st));
-      CK(cudaGraphLaunch(ge, st));
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float t;
-      CK(cudaEventElapsedTime(&t, e0, e1));
-      ms.push_back(t);
-    }
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    std::sort(ms.begin(), ms.end());
-    return 1e3 * double(ms[ms.size() / 2]) / copies;
+    return 1e3 * graph_median_ms(st, e0, e1, reps, [&] {
+             for (int c = 0; c < copies; ++c) launch_one(c);
+           }) / copies;
   };
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -316,7 +247,8 @@ int main(int argc, char** argv) {
       cudaLaunchConfig_t cfg = {};
       cfg.stream = st, cfg.attrs = attr, cfg.numAttrs = 1;
       cfg.gridDim = dim3(sms * 4), cfg.blockDim = dim3(512);
-      CK(cudaLaunchKernelEx(&cfg, grid_read, reinterpret_cast<const uint4*>(buf + size_t(c) * most), bytes / 16, sink));
+      CK(cudaLaunchKernelEx(&cfg, read_weights, reinterpret_cast<const uint4*>(buf + size_t(c) * most), bytes / 16, sink,
+                            1, 0u));  // PDL, every read after the wait
     });
     std::printf("%-34s %-10s %9.2f %9.0f %7.1f%%\n", s.name, "grid", ceil_us, bytes / ceil_us / 1e3, 100.0);
     json += std::string(si ? ", " : "") + "\"" + s.name + "\": {\"bytes\": " + std::to_string(bytes) +

@@ -18,60 +18,10 @@
 //   * the chain with no bytes to read: what the launches and their dependencies cost alone.
 // Output: one line per variant (ms per step, GB/s, fraction of the single-launch ceiling), then
 // `json {...}` with the same numbers.
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));  \
-      std::exit(2);                                                                             \
-    }                                                                                           \
-  } while (0)
-
-__device__ __forceinline__ void gdc_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void gdc_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// Reads nvec 16-byte vectors, 4 per thread in flight per iteration, grid-stride. mode: 0 no PDL
-// instructions, 1 wait first ("late"), 2 the first `ahead` iterations before the wait, 3 all
-// before the wait ("early"). The XOR of everything goes to `sink` only if it equals a value the
-// data never produces, so nothing is written and no load can be dropped.
-__global__ void __launch_bounds__(512) read_weights(const uint4* __restrict__ w, uint64_t nvec, uint32_t* sink,
-                                                    int mode, uint32_t ahead) {
-  if (mode == 1) gdc_wait();
-  if (mode != 0) gdc_launch();
-  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
-  uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  uint32_t acc = 0u, it = 0u;
-  for (; i + 3 * stride < nvec; i += 4 * stride, ++it) {
-    if (mode == 2 && it == ahead) gdc_wait();
-    const uint4 a = ld_stream(w + i), b = ld_stream(w + i + stride), c = ld_stream(w + i + 2 * stride),
-                d = ld_stream(w + i + 3 * stride);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-  }
-  for (; i < nvec; i += stride) {
-    const uint4 a = ld_stream(w + i);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w;
-  }
-  if (mode >= 2) gdc_wait();
-  if (acc == 0x9e3779b9u) sink[0] = acc;
-}
+#include "stream_common.cuh"
 
 // A small latency-bound kernel: one block that waits for its predecessor and spins `ns`.
 __global__ void spin(uint64_t ns, int mode) {
@@ -84,14 +34,6 @@ __global__ void spin(uint64_t ns, int mode) {
   do {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   } while (t - t0 < ns);
-}
-
-__global__ void fill(uint32_t* p, uint64_t n) {
-  for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 0x9e3779b1u + 0x7f4a7c15u;
-    x ^= x >> 15;
-    p[i] = x * 0x2c1b3c6du;
-  }
 }
 
 struct Launch {
@@ -172,32 +114,13 @@ int main(int argc, char** argv) {
   };
   // median ms of one graph replay of `seq`
   auto time_seq = [&](const std::vector<Launch>& seq, int mode, uint32_t ahead) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    uint64_t off = 0;
-    for (const Launch& l : seq) {
-      launch(l, off, mode, ahead);
-      if (l.read) off += l.bytes;
-    }
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 2; ++i) CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
-    std::vector<float> ms;
-    for (int r = 0; r < reps; ++r) {
-      CK(cudaEventRecord(e0, st));
-      CK(cudaGraphLaunch(ge, st));
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float t;
-      CK(cudaEventElapsedTime(&t, e0, e1));
-      ms.push_back(t);
-    }
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    std::sort(ms.begin(), ms.end());
-    return double(ms[ms.size() / 2]);
+    return graph_median_ms(st, e0, e1, reps, [&] {
+      uint64_t off = 0;
+      for (const Launch& l : seq) {
+        launch(l, off, mode, ahead);
+        if (l.read) off += l.bytes;
+      }
+    });
   };
 
   const double one = time_seq({{true, total}}, 0, 0);
