@@ -89,16 +89,18 @@ def test_decode_fuses_projections_norms_and_epilogues(tuned, reference):
     GEMV epilogues, the RMS norms in the GEMVs' PDL chain; no elementwise kernel is left for them."""
     decode = tuned["decode"].script()
     calls = _extern_calls(decode)
-    # 4 layers: one multi call each (GDN q, k, v | z; attention q | gate | k | v), the bf16 GDN
-    # gates a, b computed by the GDN step kernel itself (no dense launch); SwiGLU per layer;
-    # residual adds of the 4 mixers and 4 MLPs
-    assert calls.count("ninfer_qgemv_multi") == 4 and decode.count('"ninfer_gdn_decode_2_6_128_128_g256"') == 3
+    # 4 layers: one multi call each (GDN q, k, v | z; attention q | gate | k | v) on the input
+    # norm's int8 activations, the bf16 GDN gates a, b computed by the GDN step kernel itself (no
+    # dense launch); SwiGLU per layer; residual adds of the 4 mixers and 4 MLPs
+    assert calls.count("ninfer_qgemv_multi_i8") == 4 and "ninfer_qgemv_multi" not in calls
+    assert decode.count('"ninfer_gdn_decode_2_6_128_128_g256"') == 3
     assert "ninfer_dense_gemv" not in calls and "ninfer_dense_gemv_pair" not in calls
-    # the post-attention norms also write int8 activations that the q4 SwiGLUs read (<= 4 rows)
+    # every norm but the final one also writes int8 activations, which the q4 SwiGLUs and the
+    # mixers' multi calls read (<= 4 rows)
     assert calls.count("ninfer_qgemv_swiglu_i8") == 4 and calls.count("ninfer_qgemv_add") == 8
-    assert calls.count("ninfer_rms_norm_xq") == 4 and "ninfer_qgemv_swiglu" not in calls
+    assert calls.count("ninfer_rms_norm_xq") == 8 and "ninfer_qgemv_swiglu" not in calls
     assert "ninfer_qgemv_swiglu_i8x" not in calls and "ninfer_qgemv_add_i8" not in calls  # opt-in
-    assert calls.count("ninfer_rms_norm") == 5  # input norms, the final norm
+    assert calls.count("ninfer_rms_norm") == 1  # the final norm
     assert calls.count("ninfer_qgemv") == 1  # the output head
     assert "silu" not in decode and "R.add(" not in decode and "R.concat" not in decode
     assert "rms_norm" not in decode.replace("ninfer_rms_norm", "")
@@ -130,15 +132,17 @@ def test_decode_folds_norms_into_residual_adds(mid_artifact):
     tvm.relax.analysis.well_formed(mod)
     decode = mod["decode"].script()
     calls = _extern_calls(decode)
-    assert calls.count("ninfer_qgemv_add_norm_xq") == 4 and calls.count("ninfer_qgemv_add_norm") == 4
-    assert "ninfer_qgemv_add" not in calls and calls.count("ninfer_rms_norm") == 1
-    assert "ninfer_rms_norm_xq" not in calls and calls.count("ninfer_qgemv_swiglu_i8") == 4
-    # each fused call's norm output feeds what the norm fed: the SwiGLU reads outputs 1 and 2 of one call
+    # the norms with int8 activations (4 post-attention, 3 input norms) and the final norm
+    assert calls.count("ninfer_qgemv_add_norm_xq") == 7 and calls.count("ninfer_qgemv_add_norm") == 1
+    assert "ninfer_qgemv_add" not in calls and calls.count("ninfer_rms_norm_xq") == 1
+    assert "ninfer_rms_norm" not in calls and calls.count("ninfer_qgemv_swiglu_i8") == 4
+    # each fused call's norm output feeds what the norm fed: the SwiGLU or the mixer's multi call
+    # reads outputs 1 and 2 of one call
     fused = re.findall(r'(\w+) = R\.call_dps_packed\("ninfer_qgemv_add_norm_xq"', decode)
     for var in fused:
         n = re.search(rf"(\w+): R\.Tensor\(\(b, 1, 256\), dtype=\"bfloat16\"\) = {var}\[1\]", decode).group(1)
         q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[2\]", decode).group(1)
-        assert re.search(rf'"ninfer_qgemv_swiglu_i8", \({n}, {q}, ', decode), var
+        assert re.search(rf'"ninfer_qgemv_(swiglu|multi)_i8", \({n}, {q}, ', decode), var
     assert mod["prefill"].script() == before["prefill"]
 
 
@@ -153,7 +157,8 @@ def test_pipeline_folds_norms_only_when_opted_in(mid_artifact, monkeypatch):
     with tvm_target(targets.load("h200")):
         assert "ninfer_qgemv_add_norm" not in fold_add_norms_pass(mod)["decode"].script()
         monkeypatch.setenv("NINFER_KERNELS", "+gemv_add_norm")
-        assert _extern_calls(fold_add_norms_pass(mod)["decode"].script()).count("ninfer_qgemv_add_norm") == 4
+        calls = _extern_calls(fold_add_norms_pass(mod)["decode"].script())
+        assert calls.count("ninfer_qgemv_add_norm") + calls.count("ninfer_qgemv_add_norm_xq") == 8
 
 
 def test_decode_mlp_on_int8_activations_when_opted_in(mid_artifact, monkeypatch):
@@ -164,15 +169,19 @@ def test_decode_mlp_on_int8_activations_when_opted_in(mid_artifact, monkeypatch)
     calls = _extern_calls(_export(mid_artifact)["decode"].script())
     assert calls.count("ninfer_qgemv_swiglu_i8x") == 4 and calls.count("ninfer_qgemv_add_i8") == 4
     assert calls.count("ninfer_qgemv_add") == 4  # the mixers' output projections
-    assert "ninfer_qgemv_swiglu_i8" not in calls and calls.count("ninfer_rms_norm_xq") == 4
+    assert "ninfer_qgemv_swiglu_i8" not in calls and calls.count("ninfer_rms_norm_xq") == 8
 
 
-def test_decode_mixers_on_int8_activations_when_opted_in(mid_artifact, monkeypatch):
-    """With the kernel feature "gemv_int8_multi" every input norm also writes its output as int8
-    activations and the mixer's multi call reads them (`ninfer_qgemv_multi_i8`, x and xq from the
-    same norm call); without it the input norms and multi calls stay as they were."""
+def test_decode_mixers_on_int8_activations(mid_artifact, monkeypatch):
+    """With the kernel feature "gemv_int8_multi" (on by default) every input norm also writes its
+    output as int8 activations and the mixer's multi call reads them (`ninfer_qgemv_multi_i8`, x and
+    xq from the same norm call); without it the input norms and multi calls are the bf16 forms."""
     require_tool("nvcc", "the CUDA toolkit builds device code")
-    monkeypatch.setenv("NINFER_KERNELS", "+gemv_int8_multi")
+    monkeypatch.setenv("NINFER_KERNELS", "-gemv_int8_multi")
+    calls = _extern_calls(_export(mid_artifact)["decode"].script())
+    assert calls.count("ninfer_qgemv_multi") == 4 and "ninfer_qgemv_multi_i8" not in calls
+    assert calls.count("ninfer_rms_norm_xq") == 4 and calls.count("ninfer_rms_norm") == 5
+    monkeypatch.delenv("NINFER_KERNELS")
     decode = _export(mid_artifact)["decode"].script()
     calls = _extern_calls(decode)
     assert calls.count("ninfer_qgemv_multi_i8") == 4 and "ninfer_qgemv_multi" not in calls
