@@ -59,11 +59,11 @@ __device__ __forceinline__ uint4 ld_dep16(const void* p) {
   return v;
 }
 
-// The int8 activations of one 8-element vector v of batch row r (< 4) into `xq` (the layout of
-// `v4_stage_i8`, K % 64 == 0): the 8 lanes of a group of 64 share its scale (s = max |x| / 127, x =
-// s (hi + lo / 254)); every lane of the warp calls this (`valid`: whether v is a vector of the row).
-__device__ __forceinline__ void norm_xq8(const uint32_t (&o)[4], uint32_t v, uint32_t r, uint32_t k, bool valid,
-                                         uint8_t* xq) {
+// The int8 form of 8 elements of a group of 64 (x = s (hi + lo / 254), s = max |x| / 127): hw / lw
+// the hi / lo bytes ([odd]: elements 2 i + odd), sh the group's s. Every lane of the warp calls it
+// (the shuffles); lanes 8 j .. 8 j + 7 hold one group; false (nothing computed) unless `valid`.
+__device__ __forceinline__ bool xq8_bytes(const uint32_t (&o)[4], uint32_t (&hw)[2], uint32_t (&lw)[2], float& sh,
+                                          bool valid) {
   float f[8], m = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -74,9 +74,10 @@ __device__ __forceinline__ void norm_xq8(const uint32_t (&o)[4], uint32_t v, uin
   for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(f[i]));
 #pragma unroll
   for (int d = 1; d < 8; d <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, d));  // the group's 8 lanes
-  if (!valid) return;
+  if (!valid) return false;
   // any s works as long as hi and lo use the same one (lo keeps the residual): fast reciprocal
-  const float sh = m > 0.f ? m * (1.f / 127.f) : 1.f, inv = __frcp_rn(sh);
+  sh = m > 0.f ? m * (1.f / 127.f) : 1.f;
+  const float inv = __frcp_rn(sh);
   // rounding to integers by adding 1.5 x 2^23 (full-rate FP ops, no conversions): the low byte of
   // the sum's bits is the rounded value's two's-complement byte; |hi| <= 127 and |lo| <= 127 by
   // construction (|x| <= max, |x - s hi| <= s / 2), so nothing saturates
@@ -92,7 +93,17 @@ __device__ __forceinline__ void norm_xq8(const uint32_t (&o)[4], uint32_t v, uin
   const auto pack = [](const uint32_t* b, int o) {  // low bytes of b[o], b[o + 2], b[o + 4], b[o + 6]
     return __byte_perm(__byte_perm(b[o], b[o + 2], 0x0040u), __byte_perm(b[o + 4], b[o + 6], 0x0040u), 0x5410u);
   };
-  const uint32_t hw[2] = {pack(hb, 0), pack(hb, 1)}, lw[2] = {pack(lb, 0), pack(lb, 1)};  // [odd]: element 2 i + odd
+  hw[0] = pack(hb, 0), hw[1] = pack(hb, 1), lw[0] = pack(lb, 0), lw[1] = pack(lb, 1);
+  return true;
+}
+
+// The int8 activations of one 8-element vector v of batch row r (< 4) into `xq` (the layout of
+// `v4_stage_i8`, K % 64 == 0); every lane of the warp calls this (`valid`: whether v is a vector of the row).
+__device__ __forceinline__ void norm_xq8(const uint32_t (&o)[4], uint32_t v, uint32_t r, uint32_t k, bool valid,
+                                         uint8_t* xq) {
+  uint32_t hw[2], lw[2];
+  float sh;
+  if (!xq8_bytes(o, hw, lw, sh, valid)) return;
   const uint32_t grp = v >> 3, m8 = v & 7u;  // lane-in-quad m8 / 2, word m8 % 2 of its chunk
   uint8_t* chunk = xq + (grp * 32u + (m8 >> 1) * 8u + 2u * r) * 16u + (m8 & 1u) * 8u;
   *reinterpret_cast<uint2*>(chunk) = make_uint2(hw[0], hw[1]);
@@ -738,7 +749,8 @@ __device__ __forceinline__ uint32_t q5_s8_odd(uint32_t w, uint32_t h8) {
 // One stage at `s` into acc[0] (row g) and acc[2] (row g + 8) of batch c; `xq`, `xsc`: the stage's
 // 2,048 bytes of activations and 16 scales; `xslot`: the stage's columns 0 and 1 staged in the slot
 // (one row), else nullptr. q4: A bytes are 16 x code, q5: 8 x code (the scales are s / (254 x 16)).
-template <int BITS>
+// XSM: `xsc` is row 0's 4 scales in shared memory (one row; batches c > 0 read them too, unused).
+template <int BITS, bool XSM = false>
 __device__ __forceinline__ void v4_stage_i8(const uint8_t* s, const uint8_t* xq, const float* xsc, uint32_t g,
                                             uint32_t c, float* acc, const uint8_t* xslot) {
   constexpr uint32_t BASE = V4<BITS>::BASE, HIGH = V4<BITS>::HIGH;
@@ -748,7 +760,8 @@ __device__ __forceinline__ void v4_stage_i8(const uint8_t* s, const uint8_t* xq,
   for (int q = 0; q < 4; ++q)
     xv[q] = xslot != nullptr ? *reinterpret_cast<const uint4*>(xslot + (q * 8u + c * 2u + (g & 1u)) * 16u)
                              : ld_dep16(xq + q * 512 + (c * 8u + g) * 16u);  // columns >= 2 b: never stored
-  const uint4 sxv = ld_dep16(xsc + c * 4u);  // this thread's batch c (rows >= b are never stored)
+  // this thread's batch c (rows >= b are never stored)
+  const uint4 sxv = XSM ? *reinterpret_cast<const uint4*>(xsc) : ld_dep16(xsc + c * 4u);
   const V4Scales sc = v4_scales(s + BASE + HIGH, g);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
@@ -897,7 +910,26 @@ __device__ __forceinline__ void v4_xq_out(const __nv_bfloat16* y, const V4Epi& e
 // so both halves of an output tile sit in one block and meet in shared memory.
 // `blk`, `tile0`: this block's index among the blocks of its format and the launch tile its tiles
 // start from (blockIdx.x and 0, except in the mixed-format multi entry).
-template <int BITS, typename TY, bool PDL, uint32_t MODE, bool I8 = false>
+// One row of bf16 activations quantized by the warp itself into a slot (`XQS` entries): the 8
+// elements `o` of lane l (k = 8 l .. 8 l + 7 of the stage) as the int8 chunks a staged slot holds
+// (lane-in-quad c, column 0 = hi / 1 = lo of group l / 8, as the copies of `v4_body` place them)
+// and the 4 groups' scales after the 512 bytes.
+__device__ __forceinline__ void v4_xq_slot(const uint4& x8, uint8_t* slot, uint32_t lane) {
+  const uint32_t o[4] = {x8.x, x8.y, x8.z, x8.w};
+  uint32_t hw[2], lw[2];
+  float sh;
+  xq8_bytes(o, hw, lw, sh, true);
+  const uint32_t q = lane >> 3, m8 = lane & 7u;
+  uint8_t* chunk = slot + (q * 8u + (m8 >> 1) * 2u) * 16u + (m8 & 1u) * 8u;
+  *reinterpret_cast<uint2*>(chunk) = make_uint2(hw[0], hw[1]);
+  *reinterpret_cast<uint2*>(chunk + 16u) = make_uint2(lw[0], lw[1]);
+  if (m8 == 0u) reinterpret_cast<float*>(slot + 512u)[q] = sh / (254.f * 16.f);
+}
+
+// XQS (with I8, one activation row): x is bf16 and each warp quantizes its own K range a stage
+// ahead into its ring slots (`v4_xq_slot`; loaded one stage before that), so a projection whose
+// producer cannot write int8 activations (a 64-group would span its blocks) still runs the int8 stages.
+template <int BITS, typename TY, bool PDL, uint32_t MODE, bool I8 = false, bool XQS = false>
 __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ base,
                                         const uint8_t* __restrict__ high, const __half* __restrict__ scales,
                                         TY* __restrict__ y, uint32_t n_rows, uint32_t k, uint32_t b_rows,
@@ -941,8 +973,9 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   static_assert(!I8 || ((BITS == 4 || BITS == 5) && PDL), "int8 stages: q4 / q5 launcher entries only");
   // I8 at one row: each slot also holds the stage's activations (512 B: columns 0 and 1 of its 4
   // groups), copied a stage ahead with the weights, so no stage waits for them
-  const bool xst = I8 && b_rows == 1;
-  const uint32_t slot_bytes = STAGE + (xst ? 512u : 0u);
+  static_assert(!XQS || I8, "self-quantized activations feed the int8 stages");
+  const bool xst = I8 && (XQS || b_rows == 1);  // (XQS: the launcher runs it at one row only)
+  const uint32_t slot_bytes = STAGE + (xst ? 512u : 0u) + (XQS ? 16u : 0u);
   uint8_t* ring = v4_smem + warp * (STAGES * slot_bytes);
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   // ring slots as running offsets: `fill` is where the next copy goes, `use` what the next stage reads
@@ -969,7 +1002,21 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
     // I8: lane l copies chunk (group l / 8, c = (l / 2) % 4, column l % 2) of each staged stage
     const uint8_t* xsrc = reinterpret_cast<const uint8_t*>(x) + ubeg * 2048u + (lane >> 3) * 512u +
                           (((lane >> 1) & 3u) * 8u + (lane & 1u)) * 16u;
-    if (xst) {
+    // XQS: lane l's 8 activations of each stage (row 0), and those of the next stage to quantize
+    const uint4* x8 = reinterpret_cast<const uint4*>(x + ubeg * 256u) + lane;
+    uint4 xnext = make_uint4(0u, 0u, 0u, 0u);
+    if (XQS) {  // the prologue stages' activations (all loads first: one latency)
+      uint4 xp[STAGES - 1u];
+#pragma unroll
+      for (uint32_t j = 0; j + 1u < STAGES; ++j) xp[j] = j < n_units ? ld_dep16(x8 + j * 32u) : xnext;
+      if (STAGES - 1u < n_units) xnext = ld_dep16(x8 + (STAGES - 1u) * 32u);
+      uint32_t f = 0u;
+#pragma unroll
+      for (uint32_t j = 0; j + 1u < STAGES; ++j) {  // (warp-uniform conditions: v4_xq_slot shuffles)
+        if (j < n_units) v4_xq_slot(xp[j], ring + f + STAGE, lane);
+        f = next_slot(f);
+      }
+    } else if (xst) {
       uint32_t f = 0u;
       for (uint32_t j = 0; j + 1u < STAGES; ++j) {
         if (j < n_units) cp_async16(ring_s + f + STAGE + lane * 16u, xsrc);
@@ -980,19 +1027,26 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
     }
 #pragma unroll 1
     for (uint32_t i = 0; i < n_units; ++i) {
-      if (xst && i == 0u)
+      if (xst && !XQS && i == 0u)
         cp_async_wait<0>();  // ... so the first stage waits for every prologue group
       else
         cp_async_wait<STAGES - 2>();  // this thread's copies of stage i have landed
       __syncwarp();                 // ... and every lane's; also: stage i - 1 is no longer read
       if (i + STAGES - 1u < n_units) {
         v4_copy<BITS>(ring_s + fill, lp);
-        if (xst) cp_async16(ring_s + fill + STAGE + lane * 16u, xsrc);
+        if (XQS)  // stage i + STAGES - 1's activations, loaded during stage i - 1; read after a __syncwarp
+          v4_xq_slot(xnext, ring + fill + STAGE, lane);
+        else if (xst)
+          cp_async16(ring_s + fill + STAGE + lane * 16u, xsrc);
       }
+      if (XQS && i + STAGES < n_units) xnext = ld_dep16(x8 + (i + STAGES) * 32u);
       xsrc += 2048u;
       fill = next_slot(fill);
       cp_async_commit();
-      if (I8)
+      if (XQS)
+        v4_stage_i8<BITS, true>(ring + use, nullptr, reinterpret_cast<const float*>(ring + use + STAGE + 512u), g, c,
+                                acc, ring + use + STAGE);
+      else if (I8)
         v4_stage_i8<BITS>(ring + use, reinterpret_cast<const uint8_t*>(x) + (ubeg + i) * 2048u, e.x_scales + (ubeg + i) * 16u,
                     g, c, acc, xst ? ring + use + STAGE : nullptr);
       else
@@ -1106,6 +1160,17 @@ NINFER_QGEMV4E_I8(4, V4_PLAIN, plain)
 NINFER_QGEMV4E_I8(4, V4_SWIGLU, swiglu)
 NINFER_QGEMV4E_I8(4, V4_ADD, add)
 NINFER_QGEMV4E_I8(5, V4_ADD, add)
+
+// The q5 residual add on int8 stages from bf16 x of one row, quantized by each warp for its own K
+// range (`XQS`): the mixers' output projections and the down projection, whose producers (the GDN
+// step, attention, the SwiGLU) write bf16 only.
+extern "C" __global__ void NINFER_V4_BOUNDS ninfer_qgemv4e_q5_add_i8s(
+    const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, const __half* scales, __nv_bfloat16* y,
+    uint32_t n_rows, uint32_t k, uint32_t b_rows, uint32_t ks, const V4Epi e) {
+  v4_body<5, __nv_bfloat16, true, V4_ADD, true, true>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u);
+  if (e.norm_y != nullptr)
+    v4_add_norm(y, e.norm_w, e.norm_y, e.norm_xq, e.norm_eps, e.norm_offset, e.norm_wbf16, n_rows, b_rows);
+}
 
 // One V4_MULTI launch over q4 and q5 weights of one input (a mixer's projections: GDN q, k | v, z;
 // attention q, k | gate, v): one tail and one PDL hand-over instead of two. The segment table lists

@@ -65,12 +65,13 @@ const Driver& driver() {
 // Kernel names of this build, indexed by kernel_index / dense_index.
 #ifndef NINFER_GEMV_DENSE_ONLY
 // v2: 4 formats x 4 batch sizes x 2 dtypes; v3: q4/q5/q6; v4 (the launcher's entries): q4/q5/q6 x
-// 4 epilogues, the mixed q4 + q5 multi entry, and on int8 activations q4 plain / SwiGLU / add, q5 add
-// and the mixed multi
-constexpr int kKernels = 32 + 3 + 12 + 1 + 5;
+// 4 epilogues, the mixed q4 + q5 multi entry, on int8 activations q4 plain / SwiGLU / add, q5 add
+// and the mixed multi, and the q5 add quantizing its bf16 activations itself
+constexpr int kKernels = 32 + 3 + 12 + 1 + 5 + 1;
 constexpr int kMulti45Index = 47;
 constexpr int kI8Index = 48;  // + 0: q4 plain, + 1: q4 SwiGLU, + 2: q4 add, + 3: q5 add (`v4_stage_i8`)
 constexpr int kMulti45I8Index = 52;
+constexpr int kSelfI8Index = 53;  // ninfer_qgemv4e_q5_add_i8s
 constexpr uint32_t kXqGroups = 8192;  // qgemv_cuda.cu V4_XQ_GROUPS: the SwiGLU's xq output has <= 64 x this
 
 // v4's ring depth per format; must equal the kernel's (tests/compiler/ops/test_qgemv_v4.py checks).
@@ -83,6 +84,13 @@ constexpr uint32_t kV4MaxWarps = 8;
 // Per launch the down projection ran 6% faster at ks 4 than at 8 with 1-2 rows, slower with 4-8
 // (docs/kernels/decode-gemv-v4.md, "twelfth pass").
 #define NINFER_V4_Q5_KS_FEW_ROWS 8
+// Whether a q5 residual add at one activation row without int8 activations from its producer runs
+// the int8 stages on activations each warp quantizes itself (`ninfer_qgemv4e_q5_add_i8s`; 0: the
+// bf16 entry). NINFER_GEMV_INT8=0 at run time turns it off too. Off until measured on the H200
+// (`check_qgemv_v4e.py cupy` self_check; `bench_27b.py prepare --variant self=NINFER_V4_SELF_I8=1`).
+#ifndef NINFER_V4_SELF_I8
+#define NINFER_V4_SELF_I8 0
+#endif
 
 // v4 epilogues (V4Mode in qgemv_cuda.cu) and the kernel's by-value parameter `V4Epi`.
 enum V4Mode : uint32_t { V4_PLAIN = 0, V4_ADD = 1, V4_SWIGLU = 2, V4_MULTI = 3 };
@@ -121,11 +129,12 @@ struct NormOut {
 };
 
 // Dynamic shared memory of a v4 block: warps x stages x (16 rows x 4 groups of base, high, scales).
-// `x_staged`: an int8 entry at one activation row, whose slots also hold 512 bytes of activations.
-uint32_t v4_smem(int bits, uint32_t warps, bool x_staged = false) {
+// `x_staged`: an int8 entry at one activation row, whose slots also hold 512 bytes of activations
+// (`self_quantized`: and their 4 scales, 16 bytes).
+uint32_t v4_smem(int bits, uint32_t warps, bool x_staged = false, bool self_quantized = false) {
   const uint32_t hb = bits == 5 ? 8 : bits == 6 ? 16 : 0;
   const uint32_t stages = bits == 4 ? NINFER_V4_STAGES_Q4 : bits == 5 ? NINFER_V4_STAGES_Q5 : NINFER_V4_STAGES_Q6;
-  return warps * stages * (16 * 128 + 16 * 4 * hb + 16 * 8 + (x_staged ? 512 : 0));
+  return warps * stages * (16 * 128 + 16 * 4 * hb + 16 * 8 + (x_staged ? 512 : 0) + (self_quantized ? 16 : 0));
 }
 
 int kernel_index(int bits, int batch, bool f32) {
@@ -139,8 +148,8 @@ int v4_index(int bits, uint32_t mode) { return 35 + 4 * (bits - 4) + static_cast
 
 std::string kernel_name(int i) {
   if (i >= kI8Index) {
-    const char* names[5] = {"ninfer_qgemv4e_q4_plain_i8", "ninfer_qgemv4e_q4_swiglu_i8", "ninfer_qgemv4e_q4_add_i8",
-                            "ninfer_qgemv4e_q5_add_i8", "ninfer_qgemv4e_q45_multi_i8"};
+    const char* names[6] = {"ninfer_qgemv4e_q4_plain_i8", "ninfer_qgemv4e_q4_swiglu_i8", "ninfer_qgemv4e_q4_add_i8",
+                            "ninfer_qgemv4e_q5_add_i8", "ninfer_qgemv4e_q45_multi_i8", "ninfer_qgemv4e_q5_add_i8s"};
     return names[i - kI8Index];
   }
   if (i == kMulti45Index) return "ninfer_qgemv4e_q45_multi";
@@ -203,7 +212,8 @@ CUfunction lookup(int index) {
 #ifndef NINFER_GEMV_DENSE_ONLY
     if (i >= 35) {  // v4 asks for more than the 48 KB of shared memory that need no opt-in
       rc = d.func_set_attribute(fn, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */,
-                                static_cast<int>(i == kMulti45I8Index
+                                static_cast<int>(i == kSelfI8Index ? v4_smem(5, kV4MaxWarps, true, true)
+                                                 : i == kMulti45I8Index
                                                      ? std::max(v4_smem(4, kV4MaxWarps, true), v4_smem(5, kV4MaxWarps, true))
                                                  : i >= kI8Index ? v4_smem(i == kI8Index + 3 ? 5 : 4, kV4MaxWarps, true)
                                                  : i == kMulti45Index
@@ -392,9 +402,14 @@ void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Plan
     const bool v3 = !v4 && v3_ok && !(b == 1 && small);
     // int8 activations: on v4 with at most 4 rows (all of x in the xq layout), q4 plain / SwiGLU / add, q5 add
     const bool i8 = v4 && i8_runs(xq != nullptr, rows, bits, mode);
+    // ... or, for a q5 residual add of one row without them, quantized by the launch itself
+    const bool self_i8 = v4 && !i8 && NINFER_V4_SELF_I8 && rows == 1 && bits == 5 && mode == V4_ADD && int8_enabled();
     const int i8_index = kI8Index + (bits == 5 ? 3 : mode == V4_SWIGLU ? 1 : mode == V4_ADD ? 2 : 0);
-    CUfunction fn = lookup(i8 ? i8_index
-                              : v4 ? v4_index(bits, mode) : v3 ? v3_index(bits) : kernel_index(bits, batch, f32));
+    CUfunction fn = lookup(self_i8 ? kSelfI8Index
+                           : i8    ? i8_index
+                           : v4    ? v4_index(bits, mode)
+                           : v3    ? v3_index(bits)
+                                   : kernel_index(bits, batch, f32));
     const void* xr = i8 ? static_cast<const void*>(xq) : static_cast<const void*>(xp + r0 * k * esize);
     void* yr = yp + r0 * y_stride * esize;
     uint32_t ks = v4 ? ks4 : v3 ? ks3 : ks2, warps_v4 = warps4, grid_v4 = grid4;
@@ -412,7 +427,7 @@ void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Plan
     TVM_FFI_ICHECK(norm == nullptr || (v4 && mode == V4_ADD)) << "ninfer_gemv: add_norm runs on v4 residual adds only";
     void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks, v4 ? static_cast<void*>(&e) : static_cast<void*>(&ys)};
     const uint32_t grid = v4 ? grid_v4 : v3 ? grid3 : grid2, threads = v4 ? warps_v4 * 32 : v3 ? threads3 : 256;
-    launch(fn, grid, threads, v4 ? v4_smem(bits, warps_v4, i8 && b == 1) : 0, stream, args);
+    launch(fn, grid, threads, v4 ? v4_smem(bits, warps_v4, (i8 && b == 1) || self_i8, self_i8) : 0, stream, args);
   }
 }
 

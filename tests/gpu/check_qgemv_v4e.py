@@ -425,6 +425,71 @@ def i8_check(cp, mods, say, rng, reps: int, function) -> tuple[bool, list]:  # n
     return ok, rows_out
 
 
+# the q5 residual add on activations it quantizes itself (`ninfer_qgemv4e_q5_add_i8s`, one row): (N, K);
+# the last case leaves each warp fewer stages than the ring is deep
+SELF_CASES = {"q5 add down 5120x17408": (5120, 17408), "q5 add out 5120x6144": (5120, 6144),
+              "q5 add 1024x512": (1024, 512)}
+
+
+def self_check(cp, mods, say, rng, reps: int, function) -> tuple[bool, list]:  # noqa: ANN001
+    """The q5 residual add quantizing its bf16 activations itself (one row; the launcher's entry for
+    the output and down projections) against float64 on NaN-poisoned outputs, and its time against
+    the bf16 entry and the int8 entry reading the norm's int8 activations of the same input (and the
+    `d1` build's loads-only entry where it is there)."""
+    u32, ok, rows_out = np.uint32, True, []
+    norm = mods["cur"].get_function("ninfer_rms_norm_xq_wbf16")
+    for name, (n, k) in SELF_CASES.items():
+        nbytes = n * k // 64 * 42
+        copies = max(1, min(40, -(-200_000_000 // nbytes)))
+        sets = [_q_planes(cp, n, k, 5) for _ in range(copies)]
+        rows = np.arange(n) if n <= 4096 else np.r_[np.arange(1024), np.arange(n - 1024, n)]
+        ref_w = decode_planes(cp.asnumpy(sets[0][0][rows]), cp.asnumpy(sets[0][1][rows]), cp.asnumpy(sets[0][2][rows]), 5)
+        grid, warps, ks = geometry("add", 5, n, k)
+        xq = cp.zeros(k * 8 + k // 256 * 64, dtype=cp.uint8)
+        nw16 = cp.asarray(((rng.standard_normal(k) * 0.1).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+
+        def add(tag, w, x, y, res, kind, grid=grid, warps=warps, ks=ks, n=n, k=k, xq=xq):
+            epi = np.zeros((), dtype=EPI)
+            epi["y_stride"] = n
+            epi["residual"] = int(res.data.ptr)
+            extra = {"bf16": 0, "int8": 512, "self": 528}[kind]
+            if kind == "int8":
+                epi["x_scales"] = int(xq.data.ptr) + 8 * k
+            entry = "ninfer_qgemv4e_q5_add" + {"bf16": "", "int8": "_i8", "self": "_i8s"}[kind]
+            function(tag, entry, 5)((grid,), (warps * 32,), (xq if kind == "int8" else x, *w, y, u32(n), u32(k), u32(1),
+                                                             u32(ks), epi[()]),
+                                    shared_mem=warps * STAGES[5] * (_v4_stage_bytes(5) + extra))
+
+        errs = {"self": 0.0, "int8": 0.0, "bf16": 0.0}
+        same = True  # the same int8 activations as the norm's (from its bf16 output): the same bits out
+        for _ in range(3):
+            h, res = _bf16_rows(cp, rng, 1, k), _bf16_rows(cp, rng, 1, n)
+            xn = cp.zeros((1, k), dtype=cp.uint16)
+            norm((1,), (256,), (h, nw16, xn, u32(k), np.float32(1e-6), np.float32(1.0), xq))
+            ref = _f64(xn) @ ref_w.T + _f64(res)[:, rows]
+            outs = {}
+            for kind in errs:
+                y = outs[kind] = cp.full((1, n), 0x7FC0, dtype=cp.uint16)
+                add("cur", sets[0], xn, y, res, kind)
+                e = float(np.abs(_f64(y)[:, rows] - ref).max() / np.abs(ref).max())
+                errs[kind] = max(errs[kind], e if np.isfinite(e) else float("inf"))
+            same &= bool(cp.array_equal(outs["self"], outs["int8"]))
+        ok &= max(errs.values()) <= 1e-2 and same
+        h, res = _bf16_rows(cp, rng, 1, k), _bf16_rows(cp, rng, 1, n)
+        xn, y = cp.zeros((1, k), dtype=cp.uint16), cp.zeros((1, n), dtype=cp.uint16)
+        norm((1,), (256,), (h, nw16, xn, u32(k), np.float32(1e-6), np.float32(1.0), xq))
+        t = {label: graph_us(lambda i, tag=tag, kind=kind, xn=xn, y=y, res=res, s=sets: add(tag, s[i % len(s)], xn, y, res, kind),
+                             max(copies, 20), reps)
+             for label, tag, kind in (("self int8", "cur", "self"), ("norm's int8", "cur", "int8"), ("bf16", "cur", "bf16"),
+                                      ("loads only", "d1", "bf16")) if tag in mods}
+        rows_out.append((name, nbytes, errs, same, t))
+        say(f"self {name:24} {nbytes / 1e6:5.1f} MB b=1 err " + ", ".join(f"{lab} {e:.2e}" for lab, e in errs.items())
+            + f" (self = norm's int8 bit for bit: {'yes' if same else 'NO'}); " + ", ".join(f"{lab} {v:.2f} us ({nbytes / v / 1e3:.0f} GB/s)" for lab, v in t.items()))
+        sets = None
+        cp.get_default_memory_pool().free_all_blocks()
+    return ok, rows_out
+
+
 def mixed_check(cp, mod, say, rng, reps: int) -> tuple[bool, list]:  # noqa: ANN001
     """The mixed entry against float64 (b = 1..8, NaN-poisoned outputs) and its time against the two
     per-format multi launches it replaces (qgemv_host.cc `run_multi45` / `run_multi` geometry); then
@@ -573,7 +638,7 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
     def function(tag: str, name: str, bits: int):
         if (tag, name) not in cache:
             fn = mods[tag].get_function(name)
-            fn.max_dynamic_shared_size_bytes = min(227 * 1024, 8 * stages(tag)[bits] * (_v4_stage_bytes(bits) + 512))
+            fn.max_dynamic_shared_size_bytes = min(227 * 1024, 8 * stages(tag)[bits] * (_v4_stage_bytes(bits) + 528))
             cache[(tag, name)] = fn
         return cache[(tag, name)]
 
@@ -587,6 +652,7 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
     errors, timings, ok = [], [], True
     mixed_rows, i8_rows, mlp_rows = [], [], []
     add_norm_rows: list = []
+    self_rows: list = []
     if "cur" in mods and ADD_NORM_CASES:
         an_ok, add_norm_rows = add_norm_check(cp, mods, say, rng, reps, function)
         ok &= an_ok
@@ -596,6 +662,9 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
     if "cur" in mods and I8_CASES:
         i8_ok, i8_rows = i8_check(cp, mods, say, rng, reps, function)
         ok &= i8_ok
+    if "cur" in mods and SELF_CASES:
+        self_ok, self_rows = self_check(cp, mods, say, rng, reps, function)
+        ok &= self_ok
     if "cur" in mods and MIXED:
         mixed_ok, mixed_rows = mixed_check(cp, mods["cur"], say, rng, reps)
         ok &= mixed_ok
@@ -669,7 +738,8 @@ def cupy_check(out: Path, reps: int, cases: dict, builds: list[str] | None, forc
         cp.get_default_memory_pool().free_all_blocks()
     (out / "qgemv_v4e.json").write_text(json.dumps({"copy_gb_s": copy_gb_s, "read_gb_s": read_gb_s, "errors": errors,
                                                      "timings": timings, "mixed": mixed_rows,
-                                                     "i8": i8_rows, "mlp": mlp_rows, "add_norm": add_norm_rows},
+                                                     "i8": i8_rows, "mlp": mlp_rows, "add_norm": add_norm_rows,
+                                                     "self": self_rows},
                                                     indent=1))
     say("\nmax |y - ref| / max |ref| over b = 1..8 (float64 reference, bf16 output):")
     for name in cases:
@@ -699,7 +769,7 @@ def main() -> int:
     parser.add_argument("--builds", help="cupy: comma-separated build tags (default: every fatbin there)")
     parser.add_argument("--ks", type=int, default=0, help="cupy: K split for every case (default: the launcher's)")
     parser.add_argument("--i8-cases", help="cupy: mode:N:K,... of the int8 check instead of I8_CASES ('none': skip)")
-    parser.add_argument("--skip", default="", help="cupy: checks to leave out, of add_norm,mlp,mixed,cases")
+    parser.add_argument("--skip", default="", help="cupy: checks to leave out, of add_norm,mlp,self,mixed,cases")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     if "add_norm" in skip:
@@ -708,6 +778,8 @@ def main() -> int:
         MLP_CASES.clear()
     if "mixed" in skip:
         MIXED.clear()
+    if "self" in skip:
+        SELF_CASES.clear()
     if args.i8_cases:
         I8_CASES.clear()
         for spec in args.i8_cases.split(",") if args.i8_cases != "none" else []:

@@ -300,13 +300,16 @@ def test_launcher_kernel_names_exist():
     qgemv_cuda.cu's entry macros, and the launcher's V4Epi mirrors the kernel's field by field."""
     cu = qgemv.DEVICE_SOURCE.read_text()
     cc = qgemv.HOST_SOURCE.read_text()
-    assert re.search(r"constexpr int kKernels = 32 \+ 3 \+ 12 \+ 1 \+ 5;", cc) and re.search(r"constexpr int kKernels = 4 \+ 4;", cc)
-    # the int8 entries after it (in this order, the mixed multi last), and the norms that write their activations
+    assert re.search(r"constexpr int kKernels = 32 \+ 3 \+ 12 \+ 1 \+ 5 \+ 1;", cc) and re.search(r"constexpr int kKernels = 4 \+ 4;", cc)
+    # the int8 entries after it (in this order, the mixed multi, then the self-quantizing q5 add), and
+    # the norms that write their activations
     assert re.search(r"constexpr int kI8Index = 48;", cc) and re.search(r"constexpr int kMulti45I8Index = 52;", cc)
+    assert re.search(r"constexpr int kSelfI8Index = 53;", cc)
     i8 = [(4, "V4_PLAIN", "plain"), (4, "V4_SWIGLU", "swiglu"), (4, "V4_ADD", "add"), (5, "V4_ADD", "add")]
-    listed = re.search(r'const char\* names\[5\] = \{("ninfer_qgemv4e_[^}]*)\}', cc).group(1)
+    listed = re.search(r'const char\* names\[6\] = \{("ninfer_qgemv4e_[^}]*)\}', cc).group(1)
     assert re.findall(r'"(\w+)"', listed) == [f"ninfer_qgemv4e_q{b}_{t}_i8" for b, _, t in i8] + [
-        "ninfer_qgemv4e_q45_multi_i8"]
+        "ninfer_qgemv4e_q45_multi_i8", "ninfer_qgemv4e_q5_add_i8s"]
+    assert re.search(r'extern "C" __global__ void NINFER_V4_BOUNDS ninfer_qgemv4e_q5_add_i8s\(', cu)
     assert re.search(r'extern "C" __global__ void NINFER_V4_BOUNDS ninfer_qgemv4e_q45_multi_i8\(', cu)
     assert "v4_multi45<true>(" in cu and "v4_multi45<false>(" in cu
     for b, mode, tag in i8:
