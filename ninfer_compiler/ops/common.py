@@ -79,6 +79,11 @@ KERNEL_FEATURES: dict[str, bool] = {
     # faster per launch at 1-4 rows; 27B decode 7.097 -> 6.924 ms at one request (docs/kernels/decode-gemv-v4.md,
     # "thirteenth pass")
     "gemv_int8_multi": True,
+    # the fused GDN decode step also writes its output as int8 activations (each program owns whole
+    # 64-groups: no cross-block step) and the q4 / q5 output projection reads them at <= 4 rows
+    # (ops/qgemv.py `add_int8_input_supported`, ops/gdn_decode_fused.py `xq_store`); replayed byte
+    # for byte against the norm's layout in Triton's interpreter, not yet run on a GPU, so opt-in
+    "gemv_int8_gdn_out": False,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
     # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)
     "fp8_row_triton": True,

@@ -137,6 +137,19 @@ def norm_mlp_add(x: nn.Tensor, norm_weight: nn.Tensor, eps: float, offset: bool,
     return qgemv.gemv_add_i8(h, hq, wd, x)
 
 
+def add_reads_int8(x: nn.Tensor, module: nn.Module, feature: str) -> bool:
+    """Whether `linear_add_i8(x, xq, module, ...)` would read int8 activations of the decode input `x`
+    (`qgemv.add_int8_input_supported` under kernel feature `feature`): a producer asks before writing them."""
+    return _decode_shaped(x) and tuned_cuda_kernels() and qgemv.add_int8_input_supported(
+        x, linear_weight(module), feature)
+
+
+def linear_add_i8(x: nn.Tensor, xq: nn.Tensor, module: nn.Module, residual: nn.Tensor) -> nn.Tensor:
+    """`linear_add(x, module, residual)` reading x as the int8 activations `xq` (rows 0..3, written by
+    x's producer where `add_reads_int8` said so)."""
+    return qgemv.gemv_add_i8(x, xq, linear_weight(module), residual)
+
+
 def linear_add(x: nn.Tensor, module: nn.Module, residual: nn.Tensor) -> nn.Tensor:
     """`residual + module(x)`."""
     name = "gemv_add" if _decode_shaped(x) else "qgemm_add"

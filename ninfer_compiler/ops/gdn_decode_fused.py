@@ -35,16 +35,20 @@ L2_EPS = 1e-6
 
 @triton.jit
 def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, slots, lens, out,
-                      layer, num_slots, eps,
+                      layer, num_slots, eps, xq, xs,
                       HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                       Q_SCALE: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_T: tl.constexpr,
-                      GATE_K: tl.constexpr = 0, GATE_KP: tl.constexpr = 1, PDL: tl.constexpr = False):
+                      GATE_K: tl.constexpr = 0, GATE_KP: tl.constexpr = 1, PDL: tl.constexpr = False,
+                      XQ: tl.constexpr = False):
     """Program (b, j): value head j of sequence b; state slice [DK, DV] in registers.
 
     GATE_K = 0: `a_in`, `b_in` are the gate pre-activations [B, HV] (`h` unused). GATE_K > 0: they
     are the bf16 gate projections [HV, GATE_K] and `h` the layer input [B, GATE_K] (GATE_KP: the
     next power of two); row j of each is dotted with h in fp32 and rounded to bf16, as the dense
     projection would (one launch less per layer).
+    XQ: rows b < 4 of the output also as the int8 activations of the decode GEMVs (`xq` bytes, `xs`
+    their scales: the xq layout of ops/qgemv_cuda.cu `v4_stage_i8`, `xq_store`); DV % 64 == 0, so
+    a program owns whole groups of 64 and needs no other program's outputs.
     """
     b = tl.program_id(0)
     j = tl.program_id(1)
@@ -102,21 +106,53 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
     zf = tl.load(z + (b * HV + j).to(tl.int64) * DV + rv).to(tl.float32)
     res = normed * w * zf * (1.0 / (1.0 + tl.exp(-zf)))
     tl.store(out + (b * HV + j).to(tl.int64) * DV + rv, res.to(tl.bfloat16))
+    if XQ:
+        if b < 4:
+            xq_store(res.to(tl.bfloat16).to(tl.float32), xq, xs, b, j * DV, DV)
+
+
+@triton.jit
+def xq_store(y, xq, xs, r, k0, N: tl.constexpr):
+    """`y` = elements k0 .. k0 + N - 1 of batch row r (< 4; k0, N multiples of 64) as int8
+    activations: per group of 64 s = max |y| / 127, y = s (hi + lo / 254), hi and lo int8 (lo the
+    residual, so both use the one s), at their bytes of the xq layout (group G = k / 64 is 32 chunks
+    of 16 bytes at G * 512; k = 64 G + 16 c + 8 j + 2 i + o at byte 8 j + 4 o + i of chunk
+    G * 32 + c * 8 + 2 r (hi) and the next one (lo)); `xs`: the float scales s / (254 * 16) at
+    [K / 256][row 4][G % 4]."""
+    rn = tl.arange(0, N)
+    ay = tl.abs(y)
+    sv = tl.full([N], 1.0, tl.float32)
+    for gi in tl.static_range(N // 64):
+        in_g = rn // 64 == gi
+        m = tl.max(tl.where(in_g, ay, 0.0), 0)
+        sg = tl.where(m > 0.0, m * (1.0 / 127.0), 1.0)
+        sv = tl.where(in_g, sg, sv)
+        grp = k0 // 64 + gi
+        tl.store(xs + (grp // 4) * 16 + r * 4 + grp % 4, sg / (254.0 * 16.0))
+    inv = 1.0 / sv
+    hi = tl.minimum(tl.maximum(tl.floor(y * inv + 0.5), -127.0), 127.0)
+    lo = tl.minimum(tl.maximum(tl.floor((y - hi * sv) * (254.0 * inv) + 0.5), -127.0), 127.0)
+    kk = k0 + rn
+    w = kk % 64
+    e = w % 8
+    off = ((kk // 64) * 32 + (w // 16) * 8 + 2 * r) * 16 + ((w % 16) // 8) * 8 + (e % 2) * 4 + e // 2
+    tl.store(xq + off, hi.to(tl.int32).to(tl.int8))
+    tl.store(xq + off + 16, lo.to(tl.int32).to(tl.int8))
 
 
 def image(hk: int, hv: int, dk: int, dv: int, w_dtype: str, gate_param_dtype: str, arch: str,
-          gate_k: int = 0) -> KernelImage:
-    """The kernel for one model's head geometry and parameter dtypes (`gate_k`: see GATE_K)."""
+          gate_k: int = 0, xq: bool = False) -> KernelImage:
+    """The kernel for one model's head geometry and parameter dtypes (`gate_k`: see GATE_K; `xq`: XQ)."""
     wt = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
     return compile_kernel(
         gdn_decode_kernel,
         signature={"mixed": "*bf16", "a_in": "*bf16", "b_in": "*bf16", "h": "*bf16", "a_log": f"*{wt[gate_param_dtype]}",
                    "dt_bias": f"*{wt[gate_param_dtype]}", "z": "*bf16", "norm_w": f"*{wt[w_dtype]}",
                    "state": "*fp32", "slots": "*i32", "lens": "*i32", "out": "*bf16", "layer": "i32",
-                   "num_slots": "i32", "eps": "fp32"},
+                   "num_slots": "i32", "eps": "fp32", "xq": "*i8", "xs": "*fp32"},
         constants={"HK": hk, "HV": hv, "DK": dk, "DV": dv, "Q_SCALE": dk**-0.5, "L2_EPS": L2_EPS,
                    "SOFTPLUS_T": SOFTPLUS_THRESHOLD, "GATE_K": gate_k,
-                   "GATE_KP": triton.next_power_of_2(gate_k) if gate_k else 1, "PDL": True},
+                   "GATE_KP": triton.next_power_of_2(gate_k) if gate_k else 1, "PDL": True, "XQ": xq},
         arch=arch, num_warps=8, num_stages=1,
     )
 
@@ -129,10 +165,11 @@ using tvm::ffi::TensorView;
 // returns them (the VM binds its results to what the call returns).
 // GATE_K > 0: `a`, `b` are the gate projections [HV, GATE_K] and `h` the layer input [B, 1, GATE_K];
 // else `a`, `b` are the gate pre-activations [B, 1, HV] and `h` is not read.
-tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor> gdn_decode(
+// XQ: `xq` (uint8, HV * DV * 8 + HV * DV / 256 * 64 bytes) also gets rows 0..3 of `out` as int8 activations.
+@RESULT@ gdn_decode(
     TensorView mixed, TensorView a, TensorView b, TensorView h, TensorView a_log, TensorView dt_bias, TensorView z,
     TensorView norm_w, TensorView slots, TensorView lens, int64_t layer, double eps, tvm::ffi::Tensor out,
-    tvm::ffi::Tensor state) {
+    @XQ_PARAM@tvm::ffi::Tensor state) {
   const int64_t batch = mixed.shape()[0];
   TVM_FFI_ICHECK(state.ndim() == 5 && state.shape()[2] == @HV@ && state.shape()[3] == @DK@ && state.shape()[4] == @DV@)
       << "ninfer_gdn_decode: state shape";
@@ -143,24 +180,45 @@ tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor> gdn_decode(
       << "ninfer_gdn_decode: gate projection shapes";
   TVM_FFI_ICHECK(gate_weights || (a.numel() == batch * @HV@ && b.numel() == batch * @HV@))
       << "ninfer_gdn_decode: gate shapes";
-  uint64_t p[12] = {ninfer_cuda::pointer(mixed, "mixed"), reinterpret_cast<uint64_t>(ninfer_cuda::address(a)),
+  uint64_t xq_bytes = 0, xs_bytes = 0;
+  @XQ_ADDRESSES@
+  uint64_t p[14] = {ninfer_cuda::pointer(mixed, "mixed"), reinterpret_cast<uint64_t>(ninfer_cuda::address(a)),
                     reinterpret_cast<uint64_t>(ninfer_cuda::address(b)), reinterpret_cast<uint64_t>(ninfer_cuda::address(h)),
                     reinterpret_cast<uint64_t>(ninfer_cuda::address(a_log)),
                     reinterpret_cast<uint64_t>(ninfer_cuda::address(dt_bias)), ninfer_cuda::pointer(z, "z"),
                     ninfer_cuda::pointer(norm_w, "norm_w"), ninfer_cuda::pointer(state, "state"),
                     reinterpret_cast<uint64_t>(ninfer_cuda::address(slots)),
-                    reinterpret_cast<uint64_t>(ninfer_cuda::address(lens)), ninfer_cuda::pointer(out, "out")};
+                    reinterpret_cast<uint64_t>(ninfer_cuda::address(lens)), ninfer_cuda::pointer(out, "out"),
+                    xq_bytes, xs_bytes};
   int32_t layer32 = static_cast<int32_t>(layer), num_slots = static_cast<int32_t>(state.shape()[1]);
   float eps32 = static_cast<float>(eps);
   ninfer_cuda::launch(@KERNEL@, static_cast<unsigned>(batch), @HV@, 1,
                       {&p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8], &p[9], &p[10], &p[11],
-                       &layer32, &num_slots, &eps32},
+                       &layer32, &num_slots, &eps32, &p[12], &p[13]},
                       mixed.device().device_id, /*pdl=*/true);
-  return tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor>(out, state);
+  return @RESULT@(@RETURNED@);
 }
 }  // namespace
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(@SYMBOL@, gdn_decode);
 """
+
+
+def launcher_values(hv: int, dk: int, dv: int, gate_k: int, kernel: str, symbol: str, xq: bool) -> dict:
+    """LAUNCHER's placeholders for one kernel image (`xq`: the form that also writes int8 activations)."""
+    width = hv * dv
+    two, three = "tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor>", "tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor, tvm::ffi::Tensor>"
+    addresses = ("TVM_FFI_ICHECK(xq.numel() == " + str(width * 8 + width // 256 * 64) + " && xq.dtype().bits == 8) "
+                 '<< "ninfer_gdn_decode: xq size";\n  xq_bytes = ninfer_cuda::pointer(xq, "xq"); '
+                 f"xs_bytes = xq_bytes + {width * 8};") if xq else ""
+    return {"HV": hv, "DK": dk, "DV": dv, "GATE_K": gate_k, "KERNEL": f'"{kernel}"', "SYMBOL": symbol,
+            "RESULT": three if xq else two, "XQ_PARAM": "tvm::ffi::Tensor xq, " if xq else "",
+            "XQ_ADDRESSES": addresses, "RETURNED": "out, xq, state" if xq else "out, state"}
+
+
+def xq_supported(hv: int, dv: int) -> bool:
+    """Whether the step can also write its output as the decode GEMVs' int8 activations: whole groups
+    of 64 per head and a width the int8 stages take (a multiple of 256)."""
+    return dv % 64 == 0 and (hv * dv) % 256 == 0
 
 
 def supported(mixed: nn.Tensor, gdn_state: nn.Tensor, dk: int, dv: int) -> bool:
@@ -184,22 +242,29 @@ def gates_foldable(h: nn.Tensor, a_weight: nn.Tensor | None, b_weight: nn.Tensor
 def gdn_decode_fused(
     mixed: nn.Tensor, a: nn.Tensor, b: nn.Tensor, a_log: nn.Tensor, dt_bias: nn.Tensor, z: nn.Tensor,
     norm_w: nn.Tensor, gdn_state: nn.Tensor, slot_ids: nn.Tensor, seq_lens: nn.Tensor, layer: int,
-    eps: float, hk: int, hv: int, dk: int, dv: int, h: nn.Tensor | None = None,
-) -> tuple[nn.Tensor, nn.Tensor]:
-    """`(out [B, 1, Hv*dv] bf16, gdn_state)` for post-conv `mixed [B, 1, 2*Hk*dk + Hv*dv]`.
+    eps: float, hk: int, hv: int, dk: int, dv: int, h: nn.Tensor | None = None, with_xq: bool = False,
+) -> tuple[nn.Tensor, ...]:
+    """`(out [B, 1, Hv*dv] bf16, gdn_state)` for post-conv `mixed [B, 1, 2*Hk*dk + Hv*dv]`;
+    `with_xq` (`xq_supported`): `(out, its int8 activations (rows 0..3, uint8), gdn_state)`.
 
     `a`, `b`: the gate pre-activations `[B, 1, Hv]`, or with `h` (the layer input `[B, 1, K]`, see
     `gates_foldable`) the gate projections' weights `[Hv, K]`."""
+    if with_xq and not xq_supported(hv, dv):
+        raise ValueError(f"gdn_decode_fused: int8 activations need dv % 64 == 0 and Hv*dv % 256 == 0, got {hv}x{dv}")
     arch = current_arch()
     gate_k = 0 if h is None else int(h.shape[-1])
-    img = image(hk, hv, dk, dv, str(norm_w.dtype), str(a_log.dtype), arch, gate_k)
-    key = f"gdn_decode_{hk}_{hv}_{dk}_{dv}_{norm_w.dtype}_{a_log.dtype}_g{gate_k}"
-    symbol = f"{SYMBOL}_{hk}_{hv}_{dk}_{dv}" + (f"_g{gate_k}" if gate_k else "")
-    launcher = fill_launcher(LAUNCHER, {"HV": hv, "DK": dk, "DV": dv, "GATE_K": gate_k, "KERNEL": f'"{img.name}"',
-                                        "SYMBOL": symbol})
+    img = image(hk, hv, dk, dv, str(norm_w.dtype), str(a_log.dtype), arch, gate_k, with_xq)
+    tag = (f"_g{gate_k}" if gate_k else "") + ("_xq" if with_xq else "")
+    key = f"gdn_decode_{hk}_{hv}_{dk}_{dv}_{norm_w.dtype}_{a_log.dtype}_g{gate_k}" + ("_xq" if with_xq else "")
+    symbol = f"{SYMBOL}_{hk}_{hv}_{dk}_{dv}{tag}"
+    launcher = fill_launcher(LAUNCHER, launcher_values(hv, dk, dv, gate_k, img.name, symbol, with_xq))
     # registers the launcher library with the export (the call itself is emitted below)
     extern(key, {symbol: lambda *args: args[-1]}, launcher, [img])
     out = op.empty([mixed.shape[0], 1, hv * dv], "bfloat16", name="gdn_decode_out")
+    mutated = [out, gdn_state]
+    if with_xq:
+        width = hv * dv
+        mutated.insert(1, op.empty([width * 8 + width // 256 * 64], "uint8", name="gdn_decode_xq"))
     result = inplace_call(symbol, [mixed, a, b, a if h is None else h, a_log, dt_bias, z, norm_w, slot_ids,
-                                   seq_lens, layer, eps], [out, gdn_state])
-    return result[0], result[1]
+                                   seq_lens, layer, eps], mutated)
+    return tuple(result[i] for i in range(len(mutated)))

@@ -434,6 +434,17 @@ def mlp_int8_supported(x: nn.Tensor, weight: nn.Tensor, gate: LinearWeight | Non
             and down.rows % 16 == 0 and down.scales is not None and (down.high is not None or down.bits == 4))
 
 
+def add_int8_input_supported(x: nn.Tensor, weight: LinearWeight | None, feature: str) -> bool:
+    """Whether a residual-add projection of the decode input `x` reads it as int8 activations that its
+    producer writes (the opt-in kernel feature `feature`): a q4 / q5 weight that v4 runs, K a multiple
+    of 256. `gemv_add_i8` then reads them at <= 4 rows, x otherwise."""
+    if not (kernel_feature(feature) and int8_enabled() and not v5_enabled()) or weight is None:
+        return False
+    k = int(x.shape[-1])
+    return (weight.fmt in ("q4_g64_fp16", "q5_g64_fp16") and weight.cols == k and k % 256 == 0
+            and v4_fused_accepts(x, [weight], op="add"))
+
+
 def gemv_swiglu_xq(x: nn.Tensor, gate: LinearWeight, up: LinearWeight, xq: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
     """`gemv_swiglu(x, gate, up, xq)` (q4), also returning its output as int8 activations for
     `gemv_add_i8` (written whenever that call reads them: <= 4 rows, NINFER_GEMV_INT8 not 0)."""

@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[2]
 STAGE = ROOT / ".cache" / "ninfer" / "perf-27b"
 LIKE, SEED = "qwen3.6-27b", 0
@@ -210,6 +212,41 @@ def _synthesize_in_background(recipe: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code], cwd="/tmp")
 
 
+PROBE_ROWS = (1, 3)  # decode batch sizes of the numerics probe (one request; the int8 entries' <= 4 rows)
+
+
+def probe_logits(runner) -> dict[int, np.ndarray]:  # noqa: ANN001 (a ModelRunner)
+    """Decode logits on fixed inputs, for comparing packages built from one artifact: per batch size
+    in PROBE_ROWS, 32 prompt tokens per sequence, then 4 decode steps (the CUDA graph); `[4, b, vocab]`
+    float32. A kernel change shows here as a difference from the other package's logits."""
+    rng = np.random.default_rng(11)
+    vocab = min(runner.manifest.raw["model"]["vocab_size"], 1 << 15)
+    out = {}
+    for b in PROBE_ROWS:
+        seqs = [runner.pool.acquire() for _ in range(b)]
+        try:
+            for s in seqs:
+                runner.prefill(s, rng.integers(2, vocab, 32))
+            out[b] = np.stack([runner.decode(seqs, rng.integers(2, vocab, b)) for _ in range(4)]).astype(np.float32)
+        finally:
+            for s in seqs:
+                runner.pool.release(s)
+    return out
+
+
+def compare_logits(ref: dict, got: dict) -> dict:
+    """max |got - ref| / max |ref| and the greedy tokens that agree, per probe batch size."""
+    return {str(b): {"max_rel": float(np.abs(got[b] - ref[b]).max() / max(float(np.abs(ref[b]).max()), 1e-30)),
+                     "greedy_same": int((got[b].argmax(-1) == ref[b].argmax(-1)).sum()),
+                     "greedy_of": int(ref[b].shape[0] * ref[b].shape[1])} for b in ref}
+
+
+def _say_probe(name: str, cmp: dict) -> None:
+    print(f"numerics {name} vs the package: " + ", ".join(
+        f"b={b}: logits max rel diff {c['max_rel']:.2e}, greedy {c['greedy_same']}/{c['greedy_of']}"
+        for b, c in cmp.items()), flush=True)
+
+
 def run_inner(out: Path) -> int:
     rate = float(subprocess.run([sys.executable, "-c", "import bench_27b; print(bench_27b._matmul_rate())"],
                         cwd=str(Path(__file__).parent), capture_output=True, text=True,
@@ -240,14 +277,16 @@ def run_inner(out: Path) -> int:
             entry["long_prompt"] = long.as_json()
             print(f"== {recipe}, long prompt\n{long.table()}", flush=True)
         results[recipe] = entry
+        probe = probe_logits(runner) if recipe == "groupwise-int" else None
         (out / "results.json").write_text(json.dumps(results, indent=1))
         del runner
         if recipe == "groupwise-int" and (BASELINE / "manifest.json").exists():
             runner = ModelRunner(BASELINE, artifact=artifact_path(Path("/tmp"), recipe),
                                  options=RunnerOptions(max_active=8, context_bytes=24 << 30))
             report = run_bench(runner, prompt_len=PROMPT_LEN, decode_tokens=32, concurrency=[1, 8], repeats=3)
-            results["baseline"] = {"bench": report.as_json()}
+            results["baseline"] = {"bench": report.as_json(), "numerics": compare_logits(probe, probe_logits(runner))}
             print(f"== baseline ({recipe})\n{report.table()}", flush=True)
+            _say_probe("baseline", results["baseline"]["numerics"])
             (out / "results.json").write_text(json.dumps(results, indent=1))
             del runner
         chosen = os.environ.get("NINFER_BENCH_VARIANTS")  # comma-separated names; unset: every staged variant
@@ -258,8 +297,10 @@ def run_inner(out: Path) -> int:
             runner = ModelRunner(pkg, artifact=artifact_path(Path("/tmp"), recipe),
                                  options=RunnerOptions(max_active=8, context_bytes=24 << 30))
             report = run_bench(runner, prompt_len=512, decode_tokens=32, concurrency=[1, 2, 4, 8], repeats=3)
-            results.setdefault("variants", {})[name] = {"bench": report.as_json()}
+            results.setdefault("variants", {})[name] = {"bench": report.as_json(),
+                                                        "numerics": compare_logits(probe, probe_logits(runner))}
             print(f"== variant {name} ({recipe})\n{report.table()}", flush=True)
+            _say_probe(f"variant {name}", results["variants"][name]["numerics"])
             (out / "results.json").write_text(json.dumps(results, indent=1))
             del runner
     return 0

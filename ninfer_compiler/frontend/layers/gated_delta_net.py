@@ -92,12 +92,16 @@ class GatedDeltaNet(nn.Module):
             mixed, self.convolution, conv_state, slot_ids, seq_lens, layer
         )
         if fused_step:
-            # decode on CUDA: gates, norms, the rule and the gated norm in one kernel
-            o, gdn_state = gdn_decode_fused.gdn_decode_fused(
-                mixed, a, beta_in, self.a_log, self.dt_bias,
-                z, self.norm.weight, gdn_state, slot_ids, seq_lens, layer, self.norm.eps,
-                self.hk, self.hv, self.dk, self.dv, h=gate_input,
-            )
+            # decode on CUDA: gates, norms, the rule and the gated norm in one kernel, which also
+            # writes its output as int8 activations where the output projection reads them (z has
+            # the output's shape and dtype)
+            step = (mixed, a, beta_in, self.a_log, self.dt_bias, z, self.norm.weight, gdn_state, slot_ids,
+                    seq_lens, layer, self.norm.eps, self.hk, self.hv, self.dk, self.dv)
+            if gdn_decode_fused.xq_supported(self.hv, self.dv) and fused_linear.add_reads_int8(
+                    z, self.output, "gemv_int8_gdn_out"):
+                o, oq, gdn_state = gdn_decode_fused.gdn_decode_fused(*step, h=gate_input, with_xq=True)
+                return fused_linear.linear_add_i8(o, oq, self.output, residual), gdn_state, conv_state
+            o, gdn_state = gdn_decode_fused.gdn_decode_fused(*step, h=gate_input)
             return fused_linear.linear_add(o, self.output, residual), gdn_state, conv_state
         key_width = self.hk * self.dk
         q, k, v = op.split(mixed, [key_width, 2 * key_width], axis=-1)

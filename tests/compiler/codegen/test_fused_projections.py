@@ -198,3 +198,21 @@ def _extern_calls(script: str) -> list[str]:
     import re
 
     return re.findall(r'R\.call_dps_packed\("([A-Za-z0-9_]+)"', script)
+
+
+def test_decode_gdn_output_on_int8_activations_when_opted_in(mid_artifact, monkeypatch):
+    """With the kernel feature "gemv_int8_gdn_out" the fused GDN step also writes its output as int8
+    activations (`ninfer_gdn_decode_..._xq`) and the GDN layers' output projections read them
+    (`ninfer_qgemv_add_i8`, x and xq from the same step call); attention's output projection and the
+    MLP's down projection stay bf16."""
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    monkeypatch.setenv("NINFER_KERNELS", "+gemv_int8_gdn_out")
+    decode = _export(mid_artifact)["decode"].script()
+    calls = _extern_calls(decode)
+    steps = re.findall(r'(\w+): R\.Tuple\(.*?\) = R\.call_inplace_packed\("(ninfer_gdn_decode_\w+)"', decode)
+    assert len(steps) == 3 and all(name.endswith("_xq") for _, name in steps)
+    assert calls.count("ninfer_qgemv_add_i8") == 3 and calls.count("ninfer_qgemv_add") == 5
+    for var, _ in steps:
+        o = re.search(rf"(\w+): R\.Tensor\(\(b, 1, \d+\), dtype=\"bfloat16\"\) = {var}\[0\]", decode).group(1)
+        q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[1\]", decode).group(1)
+        assert re.search(rf'"ninfer_qgemv_add_i8", \({o}, {q}, ', decode), var

@@ -69,8 +69,9 @@ def test_interpreter_matches_the_unfused_math():
     slots, lens = t([4, 0, 2], torch.int32), t([7, 3, 0], torch.int32)  # the third starts fresh
     out = torch.full((B, HV * DV), float("nan"), dtype=torch.float32)  # fp32: the interpreter truncates bf16
     st = state.clone()
+    unused = torch.zeros(1, dtype=torch.int8)
     interpreted(gdn_decode_kernel)[(B, HV)](
-        mixed, a, b, a, a_log, dt_bias, z, w, st, slots, lens, out, 1, S, 1e-5,
+        mixed, a, b, a, a_log, dt_bias, z, w, st, slots, lens, out, 1, S, 1e-5, unused, unused.float(),
         HK=HK, HV=HV, DK=DK, DV=DV, Q_SCALE=DK**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD)
 
     def f64(x):
@@ -113,7 +114,7 @@ def test_interpreter_folds_the_gate_projections():
         out = torch.full((B, HV * DV), float("nan"), dtype=torch.float32)
         st = state.clone()
         interpreted(gdn_decode_kernel)[(B, HV)](mixed, *args, a_log, dt_bias, z, w, st, slots, lens, out, 0, S, 1e-5,
-                                                **consts, **extra)
+                                                torch.zeros(1, dtype=torch.int8), torch.zeros(1), **consts, **extra)
         outs.append(out)
         states.append(st)
     assert torch.isfinite(outs[1]).all()
@@ -159,6 +160,51 @@ def test_h200_library_with_folded_gates(tmp_path):
     assert f"ninfer_gdn_decode_{HK}_{HV}_{DK}_{DV}_g{K}".encode() in lib.read_bytes()
 
 
+def test_interpreter_writes_int8_activations():
+    """XQ: rows 0..3 of the output also as the decode GEMVs' int8 activations, byte for byte what the
+    decode norm's `norm_xq8` writes for the same bf16 values (tests/compiler/ops/test_qgemv_i8.py
+    replays it), rows >= 4 not written; the output and state as without XQ."""
+    from ninfer_compiler.ops.gdn_decode_fused import L2_EPS, gdn_decode_kernel, xq_supported
+    from ninfer_compiler.ops.gdn_gates import SOFTPLUS_THRESHOLD
+    from ninfer_compiler.ops.triton_aot import interpreted
+
+    from .test_qgemv_i8 import _norm_xq
+
+    hk, hv, dk, dv = 2, 4, 16, 128  # 512 outputs: two stages of the int8 layout, two groups per head
+    assert xq_supported(hv, dv) and not xq_supported(hv, 32)
+    c, width = 2 * hk * dk + hv * dv, hv * dv
+    rng = np.random.default_rng(3)
+    B, L, S = 5, 1, 6
+
+    def t(x, dt=torch.bfloat16):
+        return torch.tensor(np.asarray(x), dtype=dt)
+
+    mixed, z = t(rng.standard_normal((B, c))), t(rng.standard_normal((B, width)) * 3)
+    a, b = t(rng.standard_normal((B, hv))), t(rng.standard_normal((B, hv)))
+    a_log, dt_bias = t(rng.standard_normal(hv) * 0.5, torch.float32), t(rng.standard_normal(hv), torch.float32)
+    w = t(rng.standard_normal(dv), torch.float32)
+    state = t(rng.standard_normal((L, S, hv, dk, dv)), torch.float32)
+    slots, lens = t([0, 1, 2, 3, 4], torch.int32), t([1, 0, 2, 5, 3], torch.int32)
+    consts = dict(HK=hk, HV=hv, DK=dk, DV=dv, Q_SCALE=dk**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD)
+    runs = []
+    for xq_on in (False, True):
+        out = torch.zeros((B, width), dtype=torch.bfloat16)
+        st = state.clone()
+        xq = torch.full((width * 8 + width // 256 * 64,), 0x5A, dtype=torch.uint8)
+        interpreted(gdn_decode_kernel)[(B, hv)](mixed, a, b, a, a_log, dt_bias, z, w, st, slots, lens, out, 0, S,
+                                                1e-5, xq.view(torch.int8), xq[width * 8:].view(torch.float32),
+                                                **consts, XQ=xq_on)
+        runs.append((out, st, xq))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    assert (runs[0][2] == 0x5A).all()  # without XQ nothing is written
+    y = runs[1][0].float().numpy().astype(np.float64)
+    want = _norm_xq(y[:4])
+    got = runs[1][2].numpy()
+    np.testing.assert_array_equal(got[:width * 8], want[:width * 8])
+    # the scales s / (254 x 16): the same to rounding (the GPU's division may differ in the last bit)
+    np.testing.assert_allclose(got[width * 8:].view(np.float32), want[width * 8:].view(np.float32), rtol=3e-7)
+
+
 @pytest.mark.parametrize("gate_k", [0, 5120])
 def test_launcher_builds_warning_free(tmp_path, gate_k):
     """Both launcher forms as the package links them, under -Wall -Werror (a check macro inside an
@@ -166,8 +212,10 @@ def test_launcher_builds_warning_free(tmp_path, gate_k):
     from ninfer_compiler.ops import cuda_extern
     from ninfer_compiler.ops import gdn_decode_fused as fused
 
-    img = fused.image(16, 48, 128, 128, "bfloat16", "float32", "sm_90a", gate_k)
-    launcher = cuda_extern.fill_launcher(fused.LAUNCHER, {"HV": 48, "DK": 128, "DV": 128, "GATE_K": gate_k,
-                                                          "KERNEL": f'"{img.name}"', "SYMBOL": "ninfer_gdn_decode_t"})
-    symbols = build_launcher(cuda_extern.host_source(launcher, [img]), tmp_path)
-    assert re.search(r"\bT __tvm_ffi_ninfer_gdn_decode_t\b", symbols)
+    for xq in (False, True):
+        img = fused.image(16, 48, 128, 128, "bfloat16", "float32", "sm_90a", gate_k, xq)
+        launcher = cuda_extern.fill_launcher(fused.LAUNCHER, fused.launcher_values(
+            48, 128, 128, gate_k, img.name, "ninfer_gdn_decode_t", xq))
+        (tmp_path / str(xq)).mkdir()
+        symbols = build_launcher(cuda_extern.host_source(launcher, [img]), tmp_path / str(xq))
+        assert re.search(r"\bT __tvm_ffi_ninfer_gdn_decode_t\b", symbols)

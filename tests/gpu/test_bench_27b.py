@@ -1,0 +1,23 @@
+"""The package A/B numerics probe's comparison (`bench_27b.py compare_logits`), on made-up logits (no GPU)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_27b  # noqa: E402
+
+
+def test_compare_logits_reports_relative_difference_and_greedy_agreement() -> None:
+    rng = np.random.default_rng(0)
+    ref = {1: rng.standard_normal((4, 1, 50)).astype(np.float32), 3: rng.standard_normal((4, 3, 50)).astype(np.float32)}
+    got = {b: v.copy() for b, v in ref.items()}
+    got[3][2, 1] = 0.0
+    got[3][2, 1, 7] = 100.0  # one row's greedy token moved, and its logits far off
+    cmp = bench_27b.compare_logits(ref, got)
+    assert cmp["1"] == {"max_rel": 0.0, "greedy_same": 4, "greedy_of": 4}
+    assert cmp["3"]["greedy_same"] == 11 and cmp["3"]["greedy_of"] == 12
+    assert cmp["3"]["max_rel"] == np.abs(got[3] - ref[3]).max() / np.abs(ref[3]).max() > 10
