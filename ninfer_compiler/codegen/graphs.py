@@ -46,8 +46,19 @@ def add_graph_variants(mod: tvm.IRModule, symbolic_vars: tuple[str, ...] = ("b",
             .with_attr("num_input", 0)
             .with_attr("relax.rewrite_cuda_graph.capture_symbolic_vars", list(symbolic_vars))
         )
-        mod[graph_name(name)] = relax.utils.copy_with_new_vars(graph)
+        mod[graph_name(name)] = _FreshCalls().visit_expr(relax.utils.copy_with_new_vars(graph))
     return mod
+
+
+@relax.expr_functor.mutator
+class _FreshCalls(relax.PyExprMutator):
+    """Every call node rebuilt. `copy_with_new_vars` keeps the nodes that mention no variable (an
+    allocation of a static shape) shared with the original function, and StaticPlanBlockMemory,
+    which plans the whole module, refuses to see one call in two functions."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102
+        call = super().visit_call_(call)
+        return relax.Call(call.op, call.args, call.attrs, call.ty_args, call.span)
 
 
 @tvm.transform.module_pass(opt_level=0, name="RewriteGraphVariants")

@@ -85,3 +85,28 @@ def test_decode_graph_replay_does_not_unpack_the_weights():
     assert isinstance(capture.params[-1].ty, tvm.ir.TupleType)
     call = re.search(r'run_or_capture", \(decode_graph_cuda_graph_capture, \(([^()]*)', outer)
     assert call is not None and packed.name in call.group(1).split(", "), outer
+
+
+def test_graph_variant_shares_no_call_with_decode():
+    """An allocation of a static shape (no variable in it) is a call node `copy_with_new_vars`
+    would leave shared between `decode` and its graph variant; StaticPlanBlockMemory then fails
+    ("token_map_.count(call)"). The variant gets its own nodes, and the pipeline plans both."""
+    b = tvm.tirx.Var("b", "int64")
+    x = relax.Var("x", relax.TensorType([b, 4], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("decode", [x], attrs={"global_symbol": "decode"}):
+        with bb.dataflow():
+            scratch = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([16]), "uint8", 0))
+            y = bb.emit_output(relax.op.add(x, x))
+        bb.emit_func_output(relax.Tuple([y, scratch]))
+    mod = add_graph_variants(bb.get())
+
+    def calls(func: relax.Function) -> set[int]:  # the call nodes' addresses
+        found: set[int] = set()
+        relax.analysis.post_order_visit(func.body, lambda e: found.add(e.__chandle__()) if isinstance(e, relax.Call)
+                                        else None)
+        return found
+
+    assert calls(mod["decode"]) and not calls(mod["decode"]) & calls(mod["decode_graph"])
+    with tvm_target(targets.load("h200")), tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
+        relax.transform.StaticPlanBlockMemory()(relax.transform.ToNonDataflow()(mod))
