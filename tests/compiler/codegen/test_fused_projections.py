@@ -93,13 +93,13 @@ def test_decode_fuses_projections_norms_and_epilogues(tuned, reference):
     # norm's int8 activations, the bf16 GDN gates a, b computed by the GDN step kernel itself (no
     # dense launch); SwiGLU per layer; residual adds of the 4 mixers and 4 MLPs
     assert calls.count("ninfer_qgemv_multi_i8") == 4 and "ninfer_qgemv_multi" not in calls
-    assert decode.count('"ninfer_gdn_decode_2_6_128_128_g256"') == 3
+    assert decode.count('"ninfer_gdn_decode_2_6_128_128_g256_xq"') == 3
     assert "ninfer_dense_gemv" not in calls and "ninfer_dense_gemv_pair" not in calls
     # every norm but the final one also writes int8 activations, which the q4 SwiGLUs and the
-    # mixers' multi calls read (<= 4 rows)
-    assert calls.count("ninfer_qgemv_swiglu_i8") == 4 and calls.count("ninfer_qgemv_add") == 8
+    # mixers' multi calls read (<= 4 rows); so does the GDN step, for the GDN output projections
+    assert calls.count("ninfer_qgemv_swiglu_i8") == 4 and calls.count("ninfer_qgemv_add") == 5
     assert calls.count("ninfer_rms_norm_xq") == 8 and "ninfer_qgemv_swiglu" not in calls
-    assert "ninfer_qgemv_swiglu_i8x" not in calls and "ninfer_qgemv_add_i8" not in calls  # opt-in
+    assert calls.count("ninfer_qgemv_add_i8") == 3 and "ninfer_qgemv_swiglu_i8x" not in calls  # (opt-in)
     assert calls.count("ninfer_rms_norm") == 1  # the final norm
     assert calls.count("ninfer_qgemv") == 1  # the output head
     assert "silu" not in decode and "R.add(" not in decode and "R.concat" not in decode
@@ -120,21 +120,24 @@ def _folded(mod):  # noqa: ANN001, ANN202 (IRModules)
 def test_decode_folds_norms_into_residual_adds(mid_artifact):
     """passes/add_norm.py: every decode norm whose input a residual-add GEMV writes becomes part of
     that call (`ninfer_qgemv_add_norm[_xq]`, outputs y, the norm and its int8 activations), and the
-    consumers read the fused call's outputs; only the first layer's input norm (after the
-    embedding) stays a kernel. The module stays well formed and prefill is untouched."""
+    consumers read the fused call's outputs; the first layer's input norm (after the embedding) and
+    the norms after the int8-input GDN output projections stay kernels. The module stays well formed
+    and prefill is untouched."""
     require_tool("nvcc", "the CUDA toolkit builds device code")
     import tvm
 
     mod = _export(mid_artifact)
     before = {name: mod[name].script() for name in ("decode", "prefill")}
     mod, count = _folded(mod)
-    assert count == 8  # 4 post-attention norms, 3 input norms, the final norm
+    # the post-attention norm of the attention layer, 3 input norms, the final norm (the GDN layers'
+    # output projections read the GDN step's int8 activations: `ninfer_qgemv_add_i8`, not folded)
+    assert count == 5
     tvm.relax.analysis.well_formed(mod)
     decode = mod["decode"].script()
     calls = _extern_calls(decode)
-    # the norms with int8 activations (4 post-attention, 3 input norms) and the final norm
-    assert calls.count("ninfer_qgemv_add_norm_xq") == 7 and calls.count("ninfer_qgemv_add_norm") == 1
-    assert "ninfer_qgemv_add" not in calls and calls.count("ninfer_rms_norm_xq") == 1
+    # the norms with int8 activations (1 post-attention, 3 input norms) and the final norm
+    assert calls.count("ninfer_qgemv_add_norm_xq") == 4 and calls.count("ninfer_qgemv_add_norm") == 1
+    assert "ninfer_qgemv_add" not in calls and calls.count("ninfer_rms_norm_xq") == 4
     assert "ninfer_rms_norm" not in calls and calls.count("ninfer_qgemv_swiglu_i8") == 4
     # each fused call's norm output feeds what the norm fed: the SwiGLU or the mixer's multi call
     # reads outputs 1 and 2 of one call
@@ -158,7 +161,7 @@ def test_pipeline_folds_norms_only_when_opted_in(mid_artifact, monkeypatch):
         assert "ninfer_qgemv_add_norm" not in fold_add_norms_pass(mod)["decode"].script()
         monkeypatch.setenv("NINFER_KERNELS", "+gemv_add_norm")
         calls = _extern_calls(fold_add_norms_pass(mod)["decode"].script())
-        assert calls.count("ninfer_qgemv_add_norm") + calls.count("ninfer_qgemv_add_norm_xq") == 8
+        assert calls.count("ninfer_qgemv_add_norm") + calls.count("ninfer_qgemv_add_norm_xq") == 5
 
 
 def test_decode_mlp_on_int8_activations_when_opted_in(mid_artifact, monkeypatch):
@@ -167,8 +170,8 @@ def test_decode_mlp_on_int8_activations_when_opted_in(mid_artifact, monkeypatch)
     require_tool("nvcc", "the CUDA toolkit builds device code")
     monkeypatch.setenv("NINFER_KERNELS", "+gemv_int8_mlp")
     calls = _extern_calls(_export(mid_artifact)["decode"].script())
-    assert calls.count("ninfer_qgemv_swiglu_i8x") == 4 and calls.count("ninfer_qgemv_add_i8") == 4
-    assert calls.count("ninfer_qgemv_add") == 4  # the mixers' output projections
+    assert calls.count("ninfer_qgemv_swiglu_i8x") == 4 and calls.count("ninfer_qgemv_add_i8") == 7  # 3: GDN out
+    assert calls.count("ninfer_qgemv_add") == 1  # the attention layer's output projection
     assert "ninfer_qgemv_swiglu_i8" not in calls and calls.count("ninfer_rms_norm_xq") == 8
 
 
@@ -200,13 +203,16 @@ def _extern_calls(script: str) -> list[str]:
     return re.findall(r'R\.call_dps_packed\("([A-Za-z0-9_]+)"', script)
 
 
-def test_decode_gdn_output_on_int8_activations_when_opted_in(mid_artifact, monkeypatch):
-    """With the kernel feature "gemv_int8_gdn_out" the fused GDN step also writes its output as int8
-    activations (`ninfer_gdn_decode_..._xq`) and the GDN layers' output projections read them
-    (`ninfer_qgemv_add_i8`, x and xq from the same step call); attention's output projection and the
-    MLP's down projection stay bf16."""
+def test_decode_gdn_output_on_int8_activations(mid_artifact, monkeypatch):
+    """With the kernel feature "gemv_int8_gdn_out" (on by default) the fused GDN step also writes its
+    output as int8 activations (`ninfer_gdn_decode_..._xq`) and the GDN layers' output projections
+    read them (`ninfer_qgemv_add_i8`, x and xq from the same step call); attention's output
+    projection and the MLP's down projection stay bf16. Without it, the step and projections are bf16."""
     require_tool("nvcc", "the CUDA toolkit builds device code")
-    monkeypatch.setenv("NINFER_KERNELS", "+gemv_int8_gdn_out")
+    monkeypatch.setenv("NINFER_KERNELS", "-gemv_int8_gdn_out")
+    calls = _extern_calls(_export(mid_artifact)["decode"].script())
+    assert "ninfer_qgemv_add_i8" not in calls and calls.count("ninfer_qgemv_add") == 8
+    monkeypatch.delenv("NINFER_KERNELS")
     decode = _export(mid_artifact)["decode"].script()
     calls = _extern_calls(decode)
     steps = re.findall(r'(\w+): R\.Tuple\(.*?\) = R\.call_inplace_packed\("(ninfer_gdn_decode_\w+)"', decode)
