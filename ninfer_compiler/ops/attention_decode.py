@@ -33,6 +33,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .xq_triton import xq_store
+
 if TYPE_CHECKING:
     from tvm.relax.frontend import nn
 
@@ -140,6 +142,8 @@ def _combine_kernel(
     lens_ptr,  # [B] int32
     o_ptr,  # [B, 1, Hq, D] bf16
     gate_ptr,  # GATED: [B, 1, Hq * D] bf16, the output is o * sigmoid(gate) (else unused)
+    xq_ptr,  # XQ: rows 0..3 of the output also as the decode GEMVs' int8 activations (ops/xq_triton.py)
+    xs_ptr,  # XQ: their scales
     HQ: tl.constexpr,
     HKV: tl.constexpr,
     D: tl.constexpr,
@@ -149,6 +153,7 @@ def _combine_kernel(
     CHUNK: tl.constexpr,
     PDL: tl.constexpr = False,
     GATED: tl.constexpr = False,
+    XQ: tl.constexpr = False,
 ):
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
         gdc_wait()
@@ -178,12 +183,16 @@ def _combine_kernel(
         g = tl.load(gate_ptr + (b * HQ + h) * D + cols).to(tl.float32)
         out = out.to(tl.bfloat16).to(tl.float32) * (1.0 / (1.0 + tl.exp(-g)))
     tl.store(o_ptr + (b * HQ + h) * D + cols, out.to(o_ptr.dtype.element_ty))
+    if XQ:  # (D % 64 == 0: this program's head is whole groups of the output row)
+        if b < 4:
+            xq_store(out.to(tl.bfloat16).to(tl.float32), xq_ptr, xs_ptr, b, h * D, D)
 
 
 def launch_torch(q, kv_layer, page_table, seq_lens, sm_scale: float, ws=None, o=None, *, splits: int = MAX_SPLITS,
                  target: int = TARGET, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
-                 num_stages: int = NUM_STAGES, interpret: bool = False, gate=None):
-    """Run both kernels on torch tensors (Triton JIT); `kv_layer` is `kv_pool[layer]`.
+                 num_stages: int = NUM_STAGES, interpret: bool = False, gate=None, xq=None):
+    """Run both kernels on torch tensors (Triton JIT); `kv_layer` is `kv_pool[layer]`; `xq` (uint8,
+    with `gate`): also the output's int8 activations there.
 
     The standalone path of the GPU check and, with `interpret` (Triton's CPU interpreter on CPU
     tensors), of the unit tests; returns `(o, ws)`.
@@ -208,9 +217,10 @@ def launch_torch(q, kv_layer, page_table, seq_lens, sm_scale: float, ws=None, o=
         q, kv_layer, page_table, seq_lens, ws, page_table.shape[1], sm_scale * LOG2E,
         HQ=hq, HKV=hkv, D=d, PS=ps, NS=splits, BLOCK_N=block_n, ROWS=ROWS, TARGET=target,
         num_warps=num_warps, num_stages=num_stages)
-    combine_kernel[(hq, b)](ws, seq_lens, o, o if gate is None else gate, HQ=hq, HKV=hkv, D=d, NS=splits,
-                             BLOCK_N=block_n, TARGET=target, CHUNK=COMBINE_CHUNK, GATED=gate is not None,
-                             num_warps=4, num_stages=1)
+    xq_args = (ws, ws) if xq is None else (xq.view(torch.int8), xq[hq * d * 8:].view(torch.float32))
+    combine_kernel[(hq, b)](ws, seq_lens, o, o if gate is None else gate, *xq_args, HQ=hq, HKV=hkv, D=d,
+                             NS=splits, BLOCK_N=block_n, TARGET=target, CHUNK=COMBINE_CHUNK,
+                             GATED=gate is not None, XQ=xq is not None, num_warps=4, num_stages=1)
     return o, ws
 
 
@@ -228,9 +238,11 @@ def _check_shapes(hq: int, hkv: int, d: int, page_size: int) -> None:
         raise ValueError(f"attention_decode: page size {page_size} does not divide {BLOCK_N}")
 
 
-def images(arch: str, hq: int, hkv: int, d: int, page_size: int, gated: bool = False) -> list[KernelImage]:
+def images(arch: str, hq: int, hkv: int, d: int, page_size: int, gated: bool = False,
+           xq: bool = False) -> list[KernelImage]:
     """AOT images (split, combine) for one shape and arch; cached on disk by `triton_aot`
-    (`gated`: the combine multiplies by the sigmoid of the output gate)."""
+    (`gated`: the combine multiplies by the sigmoid of the output gate; `xq`: and also writes
+    its output as int8 activations)."""
     from .triton_aot import compile_kernel
 
     _check_shapes(hq, hkv, d, page_size)
@@ -243,9 +255,10 @@ def images(arch: str, hq: int, hkv: int, d: int, page_size: int, gated: bool = F
         arch=arch, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     combine = compile_kernel(
         _combine_kernel,
-        signature={"ws_ptr": "*fp32", "lens_ptr": "*i32", "o_ptr": "*bf16", "gate_ptr": "*bf16"},
+        signature={"ws_ptr": "*fp32", "lens_ptr": "*i32", "o_ptr": "*bf16", "gate_ptr": "*bf16",
+                   "xq_ptr": "*i8", "xs_ptr": "*fp32"},
         constants={"HQ": hq, "HKV": hkv, "D": d, "NS": MAX_SPLITS, "BLOCK_N": BLOCK_N, "TARGET": TARGET,
-                   "CHUNK": COMBINE_CHUNK, "PDL": True, "GATED": gated},
+                   "CHUNK": COMBINE_CHUNK, "PDL": True, "GATED": gated, "XQ": xq},
         arch=arch, num_warps=4, num_stages=1)
     return [split, combine]
 
@@ -283,22 +296,26 @@ void attention_decode_combine(tvm::ffi::TensorView ws, tvm::ffi::TensorView lens
   uint64_t wp = ninfer_cuda::pointer(ws, "workspace");
   uint64_t lp = reinterpret_cast<uint64_t>(ninfer_cuda::address(lens));
   uint64_t op = ninfer_cuda::pointer(o, "output");
+  uint64_t none = 0;
   ninfer_cuda::launch("@COMBINE@", static_cast<unsigned>(o.shape()[2]), static_cast<unsigned>(b), 1,
-                      {&wp, &lp, &op, &op}, o.device().device_id, /*pdl=*/true);
+                      {&wp, &lp, &op, &op, &none, &none}, o.device().device_id, /*pdl=*/true);
 }
 
 #else
-// The gated form (an image built with GATED): o = attention * sigmoid(gate), o [B, 1, Hq * D].
+// The gated form (an image built with GATED): o = attention * sigmoid(gate), o [B, 1, Hq * D];
+// with XQ also rows 0..3 of o as int8 activations `xq` (uint8, Hq * D * 8 + Hq * D / 256 * 64 bytes).
 void attention_decode_combine(tvm::ffi::TensorView ws, tvm::ffi::TensorView lens, tvm::ffi::TensorView gate,
-                              tvm::ffi::TensorView o) {
+                              tvm::ffi::TensorView o@XQ_PARAM@) {
   const int64_t b = o.shape()[0];
   TVM_FFI_ICHECK(gate.numel() == o.numel() && gate.dtype().code == kDLBfloat) << "attention_decode: gate shape";
   uint64_t wp = ninfer_cuda::pointer(ws, "workspace");
   uint64_t lp = reinterpret_cast<uint64_t>(ninfer_cuda::address(lens));
   uint64_t gp = ninfer_cuda::pointer(gate, "gate");
   uint64_t op = ninfer_cuda::pointer(o, "output");
-  ninfer_cuda::launch("@COMBINE@", @HQ@u, static_cast<unsigned>(b), 1, {&wp, &lp, &op, &gp}, o.device().device_id,
-                      /*pdl=*/true);
+  uint64_t xqp = 0, xsp = 0;
+  @XQ_ADDRESSES@
+  ninfer_cuda::launch("@COMBINE@", @HQ@u, static_cast<unsigned>(b), 1, {&wp, &lp, &op, &gp, &xqp, &xsp},
+                      o.device().device_id, /*pdl=*/true);
 }
 #endif
 
@@ -310,12 +327,19 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(@COMBINE_SYMBOL@, attention_decode_combine);
 
 
 def host_source(tag: str, split_name: str, combine_name: str, scale_log2: float, hq: int,
-                gated: bool = False) -> str:
-    """The C++ launcher for the two images; exported symbols carry `tag` (one extern per shape)."""
+                gated: bool = False, xq_width: int = 0) -> str:
+    """The C++ launcher for the two images; exported symbols carry `tag` (one extern per shape).
+    `xq_width` (gated only): the output's width when the combine also writes int8 activations."""
+    addresses = ""
+    if xq_width:
+        addresses = (f"TVM_FFI_ICHECK(xq.numel() == {xq_width * 8 + xq_width // 256 * 64} && xq.dtype().bits == 8) "
+                     '<< "attention_decode: xq size";\n  xqp = ninfer_cuda::pointer(xq, "xq"); '
+                     f"xsp = xqp + {xq_width * 8};")
     fields = {"@SPLIT_SYMBOL@": f"{SPLIT_SYMBOL}_{tag}", "@COMBINE_SYMBOL@": f"{COMBINE_SYMBOL}_{tag}",
               "@SPLIT@": split_name, "@COMBINE@": combine_name, "@NS@": str(MAX_SPLITS),
               "@SCALE@": repr(float(scale_log2)), "@HQ@": str(hq),
-              "@GATED@": "1" if gated else "0"}
+              "@GATED@": "1" if gated else "0", "@XQ_PARAM@": ", tvm::ffi::TensorView xq" if xq_width else "",
+              "@XQ_ADDRESSES@": addresses}
     from .cuda_extern import fill_launcher
 
     return fill_launcher(HOST_SOURCE, fields)
@@ -349,9 +373,11 @@ def paged_attention_decode(
     page_size: int,
     sm_scale: float | None = None,
     gate: nn.Tensor | None = None,
-) -> nn.Tensor:
+    with_xq: bool = False,
+) -> nn.Tensor | tuple[nn.Tensor, nn.Tensor]:
     """`paged_attention` for `q [B, 1, Hq, D]` through the split-KV Triton kernels; `[B, 1, Hq, D]`,
-    or with `gate [B, 1, Hq * D]` the gated output `attention * sigmoid(gate)` as `[B, 1, Hq * D]`."""
+    or with `gate [B, 1, Hq * D]` the gated output `attention * sigmoid(gate)` as `[B, 1, Hq * D]`;
+    `with_xq` (gated, `xq_supported`): `(that output, its int8 activations)` (rows 0..3, uint8)."""
     import tvm
     from tvm.relax.frontend import nn
 
@@ -362,7 +388,10 @@ def paged_attention_decode(
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     arch = str(tvm.target.Target.current().arch)
     gated = gate is not None
-    split, combine = images(arch, hq, hkv, d, page_size, gated)
+    if with_xq and not (gated and xq_supported(hq, d)):
+        raise ValueError(f"attention_decode: int8 activations need the gated form, D % 64 == 0 and Hq*D % 256 == 0, "
+                         f"got Hq {hq}, D {d}")
+    split, combine = images(arch, hq, hkv, d, page_size, gated, with_xq)
 
     def infer_split(q, pool, pages, lens, layer):
         return nn.Tensor.placeholder([q.shape[0], workspace_width(hq, d)], "float32")
@@ -370,16 +399,31 @@ def paged_attention_decode(
     def infer_combine(ws, lens, *gate):
         return nn.Tensor.placeholder([ws.shape[0], 1, hq * d] if gated else [ws.shape[0], 1, hq, d], "bfloat16")
 
-    tag = f"q{hq}_kv{hkv}_d{d}_p{page_size}_s{scale_tag(scale)}" + ("_gated" if gated else "")
+    tag = f"q{hq}_kv{hkv}_d{d}_p{page_size}_s{scale_tag(scale)}" + ("_gated" if gated else "") + (
+        "_xq" if with_xq else "")
     split_symbol, combine_symbol = f"{SPLIT_SYMBOL}_{tag}", f"{COMBINE_SYMBOL}_{tag}"
     module = extern(
         f"attention_decode_{arch}_{tag}",
         {split_symbol: infer_split, combine_symbol: infer_combine},
-        host_source(tag, split.name, combine.name, scale * LOG2E, hq, gated),
+        host_source(tag, split.name, combine.name, scale * LOG2E, hq, gated, hq * d if with_xq else 0),
         [split, combine],
     )
     ws = module[split_symbol](q, kv_pool, page_table, seq_lens, int(layer))
+    if with_xq:
+        from .cuda_extern import dps_call
+
+        width = hq * d
+        outs = [nn.Tensor.placeholder([q.shape[0], 1, width], "bfloat16"),
+                nn.Tensor.placeholder([width * 8 + width // 256 * 64], "uint8")]
+        result = dps_call(combine_symbol, [ws, seq_lens, gate], outs)
+        return result[0], result[1]
     return module[combine_symbol](ws, seq_lens, gate) if gated else module[combine_symbol](ws, seq_lens)
+
+
+def xq_supported(hq: int, d: int) -> bool:
+    """Whether the gated combine can also write its output as the decode GEMVs' int8 activations: a
+    program's head is whole groups of 64, the width a multiple of 256 (the int8 stages')."""
+    return d % 64 == 0 and (hq * d) % 256 == 0
 
 
 def scale_tag(scale: float) -> str:

@@ -85,6 +85,9 @@ KERNEL_FEATURES: dict[str, bool] = {
     # H200 6.561 -> 6.425 ms of GPU time per step at one request, logits within 4.7e-3 of the bf16
     # path, greedy tokens the same (docs/kernels/decode-gemv-v4.md, "thirteenth pass")
     "gemv_int8_gdn_out": True,
+    # ... and so does the gated attention decode combine (a program owns one query head: 256
+    # outputs) for the attention output projection (ops/attention_decode.py); not yet run on a GPU
+    "gemv_int8_attn_out": False,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
     # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)
     "fp8_row_triton": True,

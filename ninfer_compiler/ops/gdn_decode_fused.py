@@ -28,6 +28,7 @@ from .common import tuned_cuda_kernels
 from .cuda_extern import current_arch, extern, fill_launcher, inplace_call
 from .gdn_gates import SOFTPLUS_THRESHOLD
 from .triton_aot import KernelImage, compile_kernel
+from .xq_triton import xq_store
 
 SYMBOL = "ninfer_gdn_decode"
 L2_EPS = 1e-6
@@ -47,7 +48,7 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
     next power of two); row j of each is dotted with h in fp32 and rounded to bf16, as the dense
     projection would (one launch less per layer).
     XQ: rows b < 4 of the output also as the int8 activations of the decode GEMVs (`xq` bytes, `xs`
-    their scales: the xq layout of ops/qgemv_cuda.cu `v4_stage_i8`, `xq_store`); DV % 64 == 0, so
+    their scales: the xq layout of ops/qgemv_cuda.cu `v4_stage_i8`, ops/xq_triton.py `xq_store`); DV % 64 == 0, so
     a program owns whole groups of 64 and needs no other program's outputs.
     """
     b = tl.program_id(0)
@@ -109,35 +110,6 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
     if XQ:
         if b < 4:
             xq_store(res.to(tl.bfloat16).to(tl.float32), xq, xs, b, j * DV, DV)
-
-
-@triton.jit
-def xq_store(y, xq, xs, r, k0, N: tl.constexpr):
-    """`y` = elements k0 .. k0 + N - 1 of batch row r (< 4; k0, N multiples of 64) as int8
-    activations: per group of 64 s = max |y| / 127, y = s (hi + lo / 254), hi and lo int8 (lo the
-    residual, so both use the one s), at their bytes of the xq layout (group G = k / 64 is 32 chunks
-    of 16 bytes at G * 512; k = 64 G + 16 c + 8 j + 2 i + o at byte 8 j + 4 o + i of chunk
-    G * 32 + c * 8 + 2 r (hi) and the next one (lo)); `xs`: the float scales s / (254 * 16) at
-    [K / 256][row 4][G % 4]."""
-    rn = tl.arange(0, N)
-    ay = tl.abs(y)
-    sv = tl.full([N], 1.0, tl.float32)
-    for gi in tl.static_range(N // 64):
-        in_g = rn // 64 == gi
-        m = tl.max(tl.where(in_g, ay, 0.0), 0)
-        sg = tl.where(m > 0.0, m * (1.0 / 127.0), 1.0)
-        sv = tl.where(in_g, sg, sv)
-        grp = k0 // 64 + gi
-        tl.store(xs + (grp // 4) * 16 + r * 4 + grp % 4, sg / (254.0 * 16.0))
-    inv = 1.0 / sv
-    hi = tl.minimum(tl.maximum(tl.floor(y * inv + 0.5), -127.0), 127.0)
-    lo = tl.minimum(tl.maximum(tl.floor((y - hi * sv) * (254.0 * inv) + 0.5), -127.0), 127.0)
-    kk = k0 + rn
-    w = kk % 64
-    e = w % 8
-    off = ((kk // 64) * 32 + (w // 16) * 8 + 2 * r) * 16 + ((w % 16) // 8) * 8 + (e % 2) * 4 + e // 2
-    tl.store(xq + off, hi.to(tl.int32).to(tl.int8))
-    tl.store(xq + off + 16, lo.to(tl.int32).to(tl.int8))
 
 
 def image(hk: int, hv: int, dk: int, dv: int, w_dtype: str, gate_param_dtype: str, arch: str,

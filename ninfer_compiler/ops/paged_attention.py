@@ -195,16 +195,28 @@ def gated_paged_attention(
     layer: int,
     page_size: int,
     gate: nn.Tensor,
-) -> nn.Tensor:
-    """`paged_attention(q, ...)` as `[B, T, Hq * D]`, times `sigmoid(gate [B, T, Hq * D])`.
+    with_xq: bool = False,
+) -> nn.Tensor | tuple[nn.Tensor, nn.Tensor]:
+    """`paged_attention(q, ...)` as `[B, T, Hq * D]`, times `sigmoid(gate [B, T, Hq * D])`;
+    `with_xq` (`gated_xq_supported`): `(that, its int8 activations for the decode GEMVs)`.
 
     Decode on CUDA applies the gate in the attention's last kernel (`attention_decode`'s gated
     combine: one launch fewer per layer, and no TVM kernel between the PDL-chained launches)."""
     b, t, hq, d = q.shape[0], q.shape[1], int(q.shape[2]), int(q.shape[3])
+    if with_xq and not gated_xq_supported(q, kv_pool, page_size):
+        raise ValueError("gated_paged_attention: int8 activations need the CUDA decode combine (gated_xq_supported)")
     if kernel_flavor() == "gpu" and tuned_cuda_kernels() and attention_decode.supported(q, kv_pool, page_size):
-        return attention_decode.paged_attention_decode(q, kv_pool, page_table, seq_lens, layer, page_size, gate=gate)
+        return attention_decode.paged_attention_decode(q, kv_pool, page_table, seq_lens, layer, page_size, gate=gate,
+                                                       with_xq=with_xq)
     o = paged_attention(q, kv_pool, page_table, seq_lens, layer, page_size)
     return op.reshape(o, [b, t, hq * d]) * op.sigmoid(gate)
+
+
+def gated_xq_supported(q: nn.Tensor, kv_pool: nn.Tensor, page_size: int) -> bool:
+    """Whether `gated_paged_attention(..., with_xq=True)` can run: decode through the CUDA combine,
+    whose heads are whole groups of 64 of the output (`attention_decode.xq_supported`)."""
+    return (kernel_flavor() == "gpu" and tuned_cuda_kernels() and attention_decode.supported(q, kv_pool, page_size)
+            and attention_decode.xq_supported(int(q.shape[2]), int(q.shape[3])))
 
 
 def _suffix(flavor: str) -> str:

@@ -14,8 +14,8 @@ bit for bit (`ninfer synth` output, including its artifact_id, is a function of 
 requests, right after the groupwise-int package), for an A/B of a change on the same machine.
 `prepare --variant NAME=DEFINE[,DEFINE...]` (repeatable) compiles a measurement variant of the
 groupwise-int package whose decode GEMV kernels and launcher get those compile-time switches (e.g.
-`empty=NINFER_V4_DIAG=3`, see VARIANT_PREFIX); `run` benches each at decode (`NINFER_BENCH_VARIANTS`
-picks some).
+`empty=NINFER_V4_DIAG=3`, see VARIANT_PREFIX) or kernel features (`mlp=+gemv_int8_mlp`); `run`
+benches each at decode (`NINFER_BENCH_VARIANTS` picks some).
 
 `run` first measures the two ceilings in the same run (device copy bandwidth through TVM, and the
 bf16 matrix rate with torch on random data, CUDA-event timed), rebuilds the synthetic artifact,
@@ -87,9 +87,9 @@ def parse_variant(spec: str) -> tuple[str, list[str]]:
     defines = rest.split(",") if rest else []
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise ValueError(f"--variant {spec!r}: the name must be letters, digits, '.', '_' or '-'")
-    if not defines or not all(re.fullmatch(r"[A-Za-z_]\w*(=[\w.-]+)?", d) for d in defines):
+    if not defines or not all(re.fullmatch(r"[A-Za-z_]\w*(=[\w.-]+)?|[+-]\w+", d) for d in defines):
         raise ValueError(f"--variant {spec!r}: expected NAME=DEFINE[,DEFINE...], each DEFINE a C macro name "
-                         "with an optional =VALUE")
+                         "with an optional =VALUE, or +FEATURE / -FEATURE (a kernel feature, as NINFER_KERNELS)")
     return name, defines
 
 
@@ -132,13 +132,19 @@ def _variant_child(artifact: str, out: str, defines: list[str]) -> None:
 
 
 def _compile_variant(artifact: Path, name: str, defines: list[str]) -> None:
-    """STAGE / pkg-var-NAME (see VARIANT_PREFIX), compiled in a child process."""
+    """STAGE / pkg-var-NAME (see VARIANT_PREFIX), compiled in a child process; `+F` / `-F` entries
+    of `defines` are kernel features, added to the child's NINFER_KERNELS."""
     out = STAGE / (VARIANT_PREFIX + name)
+    features = [d for d in defines if d[0] in "+-"]
+    defines = [d for d in defines if d[0] not in "+-"]
     code = f"import bench_27b; bench_27b._variant_child({str(artifact)!r}, {str(out)!r}, {defines!r})"
     start = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    kernels = ",".join(filter(None, [os.environ.get("NINFER_KERNELS", ""), *features]))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "NINFER_KERNELS": kernels}
     subprocess.run([sys.executable, "-c", code], cwd=str(Path(__file__).parent), env=env, check=True)
-    print(f"variant {name} ({', '.join(defines)}): compiled in {time.perf_counter() - start:.1f} s", flush=True)
+    print(f"variant {name} ({', '.join(features + defines)}): compiled in {time.perf_counter() - start:.1f} s",
+          flush=True)
 
 
 def prepare(folder: Path, recipes: list[str], baseline: str | None = None, variants: list[str] = ()) -> None:

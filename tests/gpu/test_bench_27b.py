@@ -21,3 +21,15 @@ def test_compare_logits_reports_relative_difference_and_greedy_agreement() -> No
     assert cmp["1"] == {"max_rel": 0.0, "greedy_same": 4, "greedy_of": 4}
     assert cmp["3"]["greedy_same"] == 11 and cmp["3"]["greedy_of"] == 12
     assert cmp["3"]["max_rel"] == np.abs(got[3] - ref[3]).max() / np.abs(ref[3]).max() > 10
+
+
+def test_variants_take_defines_and_kernel_features() -> None:
+    assert bench_27b.parse_variant("mlp=+gemv_int8_mlp,NINFER_V4_STAGES_Q5=4") == (
+        "mlp", ["+gemv_int8_mlp", "NINFER_V4_STAGES_Q5=4"])
+    assert bench_27b.parse_variant("off=-gemv_int8_gdn_out") == ("off", ["-gemv_int8_gdn_out"])
+    for bad in ("x", "x=", "x=+", "x=1BAD", "x=A B", "bad name=A"):
+        try:
+            bench_27b.parse_variant(bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)

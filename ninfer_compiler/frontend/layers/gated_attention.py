@@ -11,7 +11,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 from ...ops import attention_prologue, fused_linear
-from ...ops.paged_attention import gated_paged_attention, kv_append
+from ...ops.paged_attention import gated_paged_attention, gated_xq_supported, kv_append
 from ..options import WeightPlan
 from .linear import make_linear
 from .norms import OffsetRMSNorm
@@ -84,5 +84,11 @@ class GatedAttention(nn.Module):
             q = self.rope(self.query_norm(q), positions)
             k = self.rope(self.key_norm(k), positions)
             kv_pool = kv_append(kv_pool, k, v, page_table, seq_lens, layer, page_size)
+        # decode on CUDA: the combine also writes its output as int8 activations where the output
+        # projection reads them (the gate has the output's shape and dtype)
+        if gated_xq_supported(q, kv_pool, page_size) and fused_linear.add_reads_int8(
+                gate, self.output, "gemv_int8_attn_out"):
+            o, oq = gated_paged_attention(q, kv_pool, page_table, seq_lens, layer, page_size, gate, with_xq=True)
+            return fused_linear.linear_add_i8(o, oq, self.output, residual), kv_pool
         o = gated_paged_attention(q, kv_pool, page_table, seq_lens, layer, page_size, gate)
         return fused_linear.linear_add(o, self.output, residual), kv_pool

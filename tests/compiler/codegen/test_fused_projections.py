@@ -222,3 +222,20 @@ def test_decode_gdn_output_on_int8_activations(mid_artifact, monkeypatch):
         o = re.search(rf"(\w+): R\.Tensor\(\(b, 1, \d+\), dtype=\"bfloat16\"\) = {var}\[0\]", decode).group(1)
         q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[1\]", decode).group(1)
         assert re.search(rf'"ninfer_qgemv_add_i8", \({o}, {q}, ', decode), var
+
+
+def test_decode_attention_output_on_int8_activations_when_opted_in(mid_artifact, monkeypatch):
+    """With the kernel feature "gemv_int8_attn_out" the gated attention combine also writes its output
+    as int8 activations (`..._gated_xq`, a DPS call with two outputs) and the attention layer's
+    output projection reads them (`ninfer_qgemv_add_i8`, x and xq from the same combine call)."""
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    monkeypatch.setenv("NINFER_KERNELS", "+gemv_int8_attn_out")
+    decode = _export(mid_artifact)["decode"].script()
+    calls = _extern_calls(decode)
+    combines = [c for c in calls if "combine" in c]
+    assert len(combines) == 1 and combines[0].endswith("_gated_xq"), combines
+    assert calls.count("ninfer_qgemv_add_i8") == 4 and calls.count("ninfer_qgemv_add") == 4  # the MLPs' down
+    var = re.search(r'(\w+) = R\.call_dps_packed\("' + combines[0] + '"', decode).group(1)
+    o = re.search(rf"(\w+): R\.Tensor\(\(b, 1, \d+\), dtype=\"bfloat16\"\) = {var}\[0\]", decode).group(1)
+    q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[1\]", decode).group(1)
+    assert re.search(rf'"ninfer_qgemv_add_i8", \({o}, {q}, ', decode)

@@ -90,3 +90,20 @@ def test_h200_library_carries_the_kernels(tmp_path):
     data = lib.read_bytes()
     assert SPLIT_SYMBOL.encode() in data and COMBINE_SYMBOL.encode() in data
     assert any(b"_split_kernel" in fb for fb in extract_fatbins(lib))
+
+
+def test_h200_library_with_the_int8_output(tmp_path):
+    """The gated combine that also writes int8 activations (`with_xq`): a DPS call with two outputs,
+    its launcher and images linked into an h200 library."""
+    from ninfer_compiler.ops.attention_decode import COMBINE_SYMBOL, paged_attention_decode
+
+    from ..conftest import h200_library
+
+    def fn(q, pool, pages, lens, gate):
+        o, xq = paged_attention_decode(q, pool, pages, lens, 1, PS, gate=gate, with_xq=True)
+        return o, xq
+
+    text, lib = h200_library(fn, {**SPEC, "gate": (["b", 1, HQ * D], "bfloat16")}, tmp_path / "model.so")
+    symbol = next(s for s in text.split('"') if s.startswith(COMBINE_SYMBOL))
+    assert symbol.endswith("_gated_xq") and f"R.Tensor(({HQ * D * 8 + HQ * D // 256 * 64},), dtype=\"uint8\")" in text
+    assert symbol.encode() in lib.read_bytes()
