@@ -65,9 +65,11 @@ KERNEL_FEATURES: dict[str, bool] = {
     # tensor-core MMAs at <= 4 rows (ops/qgemv.py `norm_swiglu_int8_supported`)
     "gemv_int8": True,
     # ... and the q4 SwiGLU hands its output to a q4 / q5 down projection as int8 activations too
-    # (ops/qgemv.py `mlp_int8_supported`): the down projection 26.5 -> 23.2 us, but the SwiGLU's
-    # cross-block handover costs 3.7 us (docs/kernels/decode-gemv-v4.md "ninth pass"), so opt-in
-    "gemv_int8_mlp": False,
+    # (ops/qgemv.py `mlp_int8_supported`) at one row (the launcher's NINFER_XQ_HANDOVER_ROWS): the
+    # down projection 26.5 -> 23.2 us for 3.7 us of cross-block handover in the SwiGLU; in the 27B
+    # decode graph 6.485 -> 6.287 ms of GPU time per step at one request (docs/kernels/decode-gemv-v4.md,
+    # "ninth pass", "thirteenth pass")
+    "gemv_int8_mlp": True,
     # decode RMS norms folded into the residual-add GEMV producing their input (passes/add_norm.py:
     # the GEMV's last block normalizes its output rows): exact, but the last block's norm is slower
     # than the norm kernel it replaces (27B decode 7.26 -> 7.71 ms at one request, 9.21 -> 12.08 at
@@ -86,8 +88,9 @@ KERNEL_FEATURES: dict[str, bool] = {
     # path, greedy tokens the same (docs/kernels/decode-gemv-v4.md, "thirteenth pass")
     "gemv_int8_gdn_out": True,
     # ... and so does the gated attention decode combine (a program owns one query head: 256
-    # outputs) for the attention output projection (ops/attention_decode.py); not yet run on a GPU
-    "gemv_int8_attn_out": False,
+    # outputs) for the attention output projection (ops/attention_decode.py): 27B decode 6.485 ->
+    # 6.470 ms of GPU time per step at one request
+    "gemv_int8_attn_out": True,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
     # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)
     "fp8_row_triton": True,

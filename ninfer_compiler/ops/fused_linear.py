@@ -134,7 +134,7 @@ def norm_mlp_add(x: nn.Tensor, norm_weight: nn.Tensor, eps: float, offset: bool,
         return None
     xn, xq = qgemv.rms_norm_xq(x, norm_weight, eps, offset)
     h, hq = qgemv.gemv_swiglu_xq(xn, wg, wu, xq)
-    return qgemv.gemv_add_i8(h, hq, wd, x)
+    return qgemv.gemv_add_i8(h, hq, wd, x, handover=True)
 
 
 def add_reads_int8(x: nn.Tensor, module: nn.Module, feature: str) -> bool:

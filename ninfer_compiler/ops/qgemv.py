@@ -55,6 +55,7 @@ ADD_SYMBOL, SWIGLU_SYMBOL, MULTI_SYMBOL = "ninfer_qgemv_add", "ninfer_qgemv_swig
 SWIGLU_I8_SYMBOL = "ninfer_qgemv_swiglu_i8"  # the SwiGLU on the norm's int8 activations (q4, <= 4 rows)
 SWIGLU_I8X_SYMBOL = "ninfer_qgemv_swiglu_i8x"  # ... also writing its output as int8 activations
 ADD_I8_SYMBOL = "ninfer_qgemv_add_i8"  # the residual-add projection on int8 activations (q4 / q5)
+ADD_I8H_SYMBOL = "ninfer_qgemv_add_i8h"  # ... written by the SwiGLU (read at the rows it writes them)
 MULTI_I8_SYMBOL = "ninfer_qgemv_multi_i8"  # the multi launch, its mixed q4 + q5 part on int8 activations
 XQ_MAX_OUTPUTS = 64 * 8192  # qgemv_cuda.cu V4_XQ_GROUPS: outputs of a SwiGLU writing int8 activations
 ADD_NORM_SYMBOL = "ninfer_qgemv_add_norm"  # the residual add, then the RMS norm of its output (passes/add_norm.py)
@@ -203,7 +204,7 @@ def _extern(target: tvm.target.Target, dense: bool = False) -> nn.SourceModule:
     functions = ({DENSE_SYMBOL: _infer_dense, DENSE_PAIR_SYMBOL: _infer_dense_pair, NORM_SYMBOL: _infer_norm} if dense else
                  {SYMBOL: _infer_qgemv, ADD_SYMBOL: _infer_qgemv_add, SWIGLU_SYMBOL: _infer_qgemv_swiglu,
                   SWIGLU_I8_SYMBOL: _infer_qgemv_swiglu_i8, SWIGLU_I8X_SYMBOL: _infer_qgemv_swiglu_i8x,
-                  ADD_I8_SYMBOL: _infer_qgemv_add_i8, MULTI_SYMBOL: _infer_qgemv_multi,
+                  ADD_I8_SYMBOL: _infer_qgemv_add_i8, ADD_I8H_SYMBOL: _infer_qgemv_add_i8, MULTI_SYMBOL: _infer_qgemv_multi,
                   MULTI_I8_SYMBOL: _infer_qgemv_multi_i8,
                   ADD_NORM_SYMBOL: _infer_qgemv_add_norm, ADD_NORM_XQ_SYMBOL: _infer_qgemv_add_norm_xq})
     module = nn.SourceModule(
@@ -454,9 +455,12 @@ def gemv_swiglu_xq(x: nn.Tensor, gate: LinearWeight, up: LinearWeight, xq: nn.Te
     return y, yq
 
 
-def gemv_add_i8(x: nn.Tensor, xq: nn.Tensor, weight: LinearWeight, residual: nn.Tensor) -> nn.Tensor:
-    """`gemv_add(x, weight, residual)` reading x as the int8 activations `xq` at <= 4 rows (q4 / q5)."""
-    return _extern(tvm.target.Target.current())[ADD_I8_SYMBOL](x, xq, *_v4_planes(weight), weight.bits, residual)
+def gemv_add_i8(x: nn.Tensor, xq: nn.Tensor, weight: LinearWeight, residual: nn.Tensor,
+                handover: bool = False) -> nn.Tensor:
+    """`gemv_add(x, weight, residual)` reading x as the int8 activations `xq` at <= 4 rows (q4 / q5);
+    `handover`: `xq` from `gemv_swiglu_xq`, which writes it at the launcher's handover rows only."""
+    symbol = ADD_I8H_SYMBOL if handover else ADD_I8_SYMBOL
+    return _extern(tvm.target.Target.current())[symbol](x, xq, *_v4_planes(weight), weight.bits, residual)
 
 
 def _v4_planes(w: LinearWeight) -> list:

@@ -91,6 +91,11 @@ constexpr uint32_t kV4MaxWarps = 8;
 #ifndef NINFER_V4_SELF_I8
 #define NINFER_V4_SELF_I8 0
 #endif
+// The most activation rows at which the SwiGLU hands its output to the down projection as int8
+// activations (`qgemv_swiglu_i8x` -> `qgemv_add_i8h`; above it both run on bf16). The handover's
+// cross-block step pays at one row only: SwiGLU + down 60.29 -> 57.30 us at b = 1, 61.34 -> 62.92 at
+// b = 2, 61.91 -> 62.75 at b = 4 (docs/kernels/decode-gemv-v4.md, "ninth pass"). Up to 4.
+#define NINFER_XQ_HANDOVER_ROWS 1
 
 // v4 epilogues (V4Mode in qgemv_cuda.cu) and the kernel's by-value parameter `V4Epi`.
 enum V4Mode : uint32_t { V4_PLAIN = 0, V4_ADD = 1, V4_SWIGLU = 2, V4_MULTI = 3 };
@@ -605,6 +610,7 @@ void swiglu_run(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView* xq, i
   TVM_FFI_ICHECK(!is_f32(x) && g.n == n && u.n == n) << "ninfer_gemv: swiglu needs bf16 x and gate/up of y's rows";
   const char* xqp = xq_address(xq, k, "swiglu_i8");
   char* yqp = const_cast<char*>(xq_address(yq, n, "swiglu_i8x's output"));
+  if (x.numel() / k > NINFER_XQ_HANDOVER_ROWS) yqp = nullptr;  // (`qgemv_add_i8h` reads x then)
   if (yq != nullptr) {
     TVM_FFI_ICHECK(xq != nullptr && bits == 4) << "ninfer_gemv: swiglu_i8x runs q4 weights only, got " << bits << "-bit";
     TVM_FFI_ICHECK(n % 64 == 0 && n / 64 <= kXqGroups)
@@ -623,6 +629,12 @@ void qgemv_add(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::Tens
 void qgemv_add_i8(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
                   tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView residual, tvm::ffi::TensorView y) {
   add_run(x, &xq, base, high, scales, bits, residual, y);
+}
+
+// The same for the SwiGLU's handover (`qgemv_swiglu_i8x`): xq is there at <= NINFER_XQ_HANDOVER_ROWS rows
+void qgemv_add_i8h(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
+                   tvm::ffi::TensorView scales, int64_t bits, tvm::ffi::TensorView residual, tvm::ffi::TensorView y) {
+  add_run(x, x.numel() / k_of(x) <= NINFER_XQ_HANDOVER_ROWS ? &xq : nullptr, base, high, scales, bits, residual, y);
 }
 
 void qgemv_swiglu(tvm::ffi::TensorView x, int64_t bits, tvm::ffi::TensorView gb, tvm::ffi::TensorView gh,
@@ -762,6 +774,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_swiglu, qgemv_swiglu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_swiglu_i8, qgemv_swiglu_i8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_swiglu_i8x, qgemv_swiglu_i8x);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add_i8, qgemv_add_i8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add_i8h, qgemv_add_i8h);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add_norm, qgemv_add_norm);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add_norm_xq, qgemv_add_norm_xq);
 #else

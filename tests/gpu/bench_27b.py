@@ -90,6 +90,12 @@ def parse_variant(spec: str) -> tuple[str, list[str]]:
     if not defines or not all(re.fullmatch(r"[A-Za-z_]\w*(=[\w.-]+)?|[+-]\w+", d) for d in defines):
         raise ValueError(f"--variant {spec!r}: expected NAME=DEFINE[,DEFINE...], each DEFINE a C macro name "
                          "with an optional =VALUE, or +FEATURE / -FEATURE (a kernel feature, as NINFER_KERNELS)")
+    from ninfer_compiler.ops.common import KERNEL_FEATURES
+
+    unknown = [d for d in defines if d[0] in "+-" and d[1:] not in KERNEL_FEATURES]
+    if unknown:
+        raise ValueError(f"--variant {spec!r}: no kernel feature {', '.join(u[1:] for u in unknown)} "
+                         f"(known: {', '.join(sorted(KERNEL_FEATURES))})")
     return name, defines
 
 

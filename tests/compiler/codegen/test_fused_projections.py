@@ -96,10 +96,11 @@ def test_decode_fuses_projections_norms_and_epilogues(tuned, reference):
     assert decode.count('"ninfer_gdn_decode_2_6_128_128_g256_xq"') == 3
     assert "ninfer_dense_gemv" not in calls and "ninfer_dense_gemv_pair" not in calls
     # every norm but the final one also writes int8 activations, which the q4 SwiGLUs and the
-    # mixers' multi calls read (<= 4 rows); so does the GDN step, for the GDN output projections
-    assert calls.count("ninfer_qgemv_swiglu_i8") == 4 and calls.count("ninfer_qgemv_add") == 5
+    # mixers' multi calls read (<= 4 rows); so do the GDN step and the attention combine for the
+    # mixers' output projections, and the SwiGLU for the down projection (at one row)
+    assert calls.count("ninfer_qgemv_swiglu_i8x") == 4 and "ninfer_qgemv_add" not in calls
     assert calls.count("ninfer_rms_norm_xq") == 8 and "ninfer_qgemv_swiglu" not in calls
-    assert calls.count("ninfer_qgemv_add_i8") == 3 and "ninfer_qgemv_swiglu_i8x" not in calls  # (opt-in)
+    assert calls.count("ninfer_qgemv_add_i8") == 4 and calls.count("ninfer_qgemv_add_i8h") == 4
     assert calls.count("ninfer_rms_norm") == 1  # the final norm
     assert calls.count("ninfer_qgemv") == 1  # the output head
     assert "silu" not in decode and "R.add(" not in decode and "R.concat" not in decode
@@ -117,27 +118,30 @@ def _folded(mod):  # noqa: ANN001, ANN202 (IRModules)
         return fold_add_norms(mod)
 
 
-def test_decode_folds_norms_into_residual_adds(mid_artifact):
+# the residual adds that read bf16 activations (the fold's form; the int8-input ones are not folded)
+BF16_ADDS = "-gemv_int8_mlp,-gemv_int8_attn_out,-gemv_int8_gdn_out"
+
+
+def test_decode_folds_norms_into_residual_adds(mid_artifact, monkeypatch):
     """passes/add_norm.py: every decode norm whose input a residual-add GEMV writes becomes part of
     that call (`ninfer_qgemv_add_norm[_xq]`, outputs y, the norm and its int8 activations), and the
-    consumers read the fused call's outputs; the first layer's input norm (after the embedding) and
-    the norms after the int8-input GDN output projections stay kernels. The module stays well formed
-    and prefill is untouched."""
+    consumers read the fused call's outputs; only the first layer's input norm (after the embedding)
+    stays a kernel. The module stays well formed and prefill is untouched. (With the residual adds
+    on bf16 input, `BF16_ADDS`: the fold does not take the int8-input forms.)"""
     require_tool("nvcc", "the CUDA toolkit builds device code")
+    monkeypatch.setenv("NINFER_KERNELS", BF16_ADDS)
     import tvm
 
     mod = _export(mid_artifact)
     before = {name: mod[name].script() for name in ("decode", "prefill")}
     mod, count = _folded(mod)
-    # the post-attention norm of the attention layer, 3 input norms, the final norm (the GDN layers'
-    # output projections read the GDN step's int8 activations: `ninfer_qgemv_add_i8`, not folded)
-    assert count == 5
+    assert count == 8  # 4 post-attention norms, 3 input norms, the final norm
     tvm.relax.analysis.well_formed(mod)
     decode = mod["decode"].script()
     calls = _extern_calls(decode)
-    # the norms with int8 activations (1 post-attention, 3 input norms) and the final norm
-    assert calls.count("ninfer_qgemv_add_norm_xq") == 4 and calls.count("ninfer_qgemv_add_norm") == 1
-    assert "ninfer_qgemv_add" not in calls and calls.count("ninfer_rms_norm_xq") == 4
+    # the norms with int8 activations (4 post-attention, 3 input norms) and the final norm
+    assert calls.count("ninfer_qgemv_add_norm_xq") == 7 and calls.count("ninfer_qgemv_add_norm") == 1
+    assert "ninfer_qgemv_add" not in calls and calls.count("ninfer_rms_norm_xq") == 1
     assert "ninfer_rms_norm" not in calls and calls.count("ninfer_qgemv_swiglu_i8") == 4
     # each fused call's norm output feeds what the norm fed: the SwiGLU or the mixer's multi call
     # reads outputs 1 and 2 of one call
@@ -156,23 +160,28 @@ def test_pipeline_folds_norms_only_when_opted_in(mid_artifact, monkeypatch):
     from ninfer_compiler.passes.add_norm import fold_add_norms_pass
     from ninfer_runtime import targets
 
+    monkeypatch.setenv("NINFER_KERNELS", BF16_ADDS)
     mod = _export(mid_artifact)
     with tvm_target(targets.load("h200")):
         assert "ninfer_qgemv_add_norm" not in fold_add_norms_pass(mod)["decode"].script()
         monkeypatch.setenv("NINFER_KERNELS", "+gemv_add_norm")
         calls = _extern_calls(fold_add_norms_pass(mod)["decode"].script())
-        assert calls.count("ninfer_qgemv_add_norm") + calls.count("ninfer_qgemv_add_norm_xq") == 5
+        assert calls.count("ninfer_qgemv_add_norm") + calls.count("ninfer_qgemv_add_norm_xq") == 8
 
 
-def test_decode_mlp_on_int8_activations_when_opted_in(mid_artifact, monkeypatch):
-    """With the kernel feature "gemv_int8_mlp" the q4 SwiGLUs also hand their output to the q5 down
-    projections as int8 activations (`ninfer_qgemv_swiglu_i8x` -> `ninfer_qgemv_add_i8`)."""
+def test_decode_mlp_on_int8_activations(mid_artifact, monkeypatch):
+    """With the kernel feature "gemv_int8_mlp" (on by default) the q4 SwiGLUs also hand their output
+    to the q5 down projections as int8 activations (`ninfer_qgemv_swiglu_i8x` ->
+    `ninfer_qgemv_add_i8h`, which reads them at the rows the SwiGLU writes them); without it the
+    SwiGLU writes bf16 only and the down projection reads that."""
     require_tool("nvcc", "the CUDA toolkit builds device code")
-    monkeypatch.setenv("NINFER_KERNELS", "+gemv_int8_mlp")
     calls = _extern_calls(_export(mid_artifact)["decode"].script())
-    assert calls.count("ninfer_qgemv_swiglu_i8x") == 4 and calls.count("ninfer_qgemv_add_i8") == 7  # 3: GDN out
-    assert calls.count("ninfer_qgemv_add") == 1  # the attention layer's output projection
+    assert calls.count("ninfer_qgemv_swiglu_i8x") == 4 and calls.count("ninfer_qgemv_add_i8h") == 4
     assert "ninfer_qgemv_swiglu_i8" not in calls and calls.count("ninfer_rms_norm_xq") == 8
+    monkeypatch.setenv("NINFER_KERNELS", "-gemv_int8_mlp")
+    calls = _extern_calls(_export(mid_artifact)["decode"].script())
+    assert calls.count("ninfer_qgemv_swiglu_i8") == 4 and calls.count("ninfer_qgemv_add") == 4
+    assert "ninfer_qgemv_swiglu_i8x" not in calls and "ninfer_qgemv_add_i8h" not in calls
 
 
 def test_decode_mixers_on_int8_activations(mid_artifact, monkeypatch):
@@ -189,11 +198,11 @@ def test_decode_mixers_on_int8_activations(mid_artifact, monkeypatch):
     calls = _extern_calls(decode)
     assert calls.count("ninfer_qgemv_multi_i8") == 4 and "ninfer_qgemv_multi" not in calls
     assert calls.count("ninfer_rms_norm_xq") == 8 and calls.count("ninfer_rms_norm") == 1  # the final norm
-    assert calls.count("ninfer_qgemv_swiglu_i8") == 4  # the MLP as by default
+    assert calls.count("ninfer_qgemv_swiglu_i8x") == 4  # the MLP as by default
     for var in re.findall(r'(\w+) = R\.call_dps_packed\("ninfer_rms_norm_xq"', decode):
         n = re.search(rf"(\w+): R\.Tensor\(\(b, 1, 256\), dtype=\"bfloat16\"\) = {var}\[0\]", decode).group(1)
         q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[1\]", decode).group(1)
-        assert re.search(rf'"ninfer_qgemv_(multi|swiglu)_i8", \({n}, {q}, ', decode), var
+        assert re.search(rf'"ninfer_qgemv_(multi|swiglu)_i8x?", \({n}, {q}, ', decode), var
 
 
 def _extern_calls(script: str) -> list[str]:
@@ -211,30 +220,34 @@ def test_decode_gdn_output_on_int8_activations(mid_artifact, monkeypatch):
     require_tool("nvcc", "the CUDA toolkit builds device code")
     monkeypatch.setenv("NINFER_KERNELS", "-gemv_int8_gdn_out")
     calls = _extern_calls(_export(mid_artifact)["decode"].script())
-    assert "ninfer_qgemv_add_i8" not in calls and calls.count("ninfer_qgemv_add") == 8
+    assert calls.count("ninfer_qgemv_add_i8") == 1 and calls.count("ninfer_qgemv_add") == 3  # 1: attention
     monkeypatch.delenv("NINFER_KERNELS")
     decode = _export(mid_artifact)["decode"].script()
     calls = _extern_calls(decode)
     steps = re.findall(r'(\w+): R\.Tuple\(.*?\) = R\.call_inplace_packed\("(ninfer_gdn_decode_\w+)"', decode)
     assert len(steps) == 3 and all(name.endswith("_xq") for _, name in steps)
-    assert calls.count("ninfer_qgemv_add_i8") == 3 and calls.count("ninfer_qgemv_add") == 5
+    assert calls.count("ninfer_qgemv_add_i8") == 4 and "ninfer_qgemv_add" not in calls  # 3 + attention
     for var, _ in steps:
         o = re.search(rf"(\w+): R\.Tensor\(\(b, 1, \d+\), dtype=\"bfloat16\"\) = {var}\[0\]", decode).group(1)
         q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[1\]", decode).group(1)
         assert re.search(rf'"ninfer_qgemv_add_i8", \({o}, {q}, ', decode), var
 
 
-def test_decode_attention_output_on_int8_activations_when_opted_in(mid_artifact, monkeypatch):
-    """With the kernel feature "gemv_int8_attn_out" the gated attention combine also writes its output
-    as int8 activations (`..._gated_xq`, a DPS call with two outputs) and the attention layer's
-    output projection reads them (`ninfer_qgemv_add_i8`, x and xq from the same combine call)."""
+def test_decode_attention_output_on_int8_activations(mid_artifact, monkeypatch):
+    """With the kernel feature "gemv_int8_attn_out" (on by default) the gated attention combine also
+    writes its output as int8 activations (`..._gated_xq`, a DPS call with two outputs) and the
+    attention layer's output projection reads them (`ninfer_qgemv_add_i8`, x and xq from the same
+    combine call); without it the combine writes bf16 only."""
     require_tool("nvcc", "the CUDA toolkit builds device code")
-    monkeypatch.setenv("NINFER_KERNELS", "+gemv_int8_attn_out")
+    monkeypatch.setenv("NINFER_KERNELS", "-gemv_int8_attn_out")
+    calls = _extern_calls(_export(mid_artifact)["decode"].script())
+    assert [c for c in calls if "combine" in c][0].endswith("_gated") and calls.count("ninfer_qgemv_add") == 1
+    monkeypatch.delenv("NINFER_KERNELS")
     decode = _export(mid_artifact)["decode"].script()
     calls = _extern_calls(decode)
     combines = [c for c in calls if "combine" in c]
     assert len(combines) == 1 and combines[0].endswith("_gated_xq"), combines
-    assert calls.count("ninfer_qgemv_add_i8") == 4 and calls.count("ninfer_qgemv_add") == 4  # the MLPs' down
+    assert calls.count("ninfer_qgemv_add_i8") == 4 and "ninfer_qgemv_add" not in calls
     var = re.search(r'(\w+) = R\.call_dps_packed\("' + combines[0] + '"', decode).group(1)
     o = re.search(rf"(\w+): R\.Tensor\(\(b, 1, \d+\), dtype=\"bfloat16\"\) = {var}\[0\]", decode).group(1)
     q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[1\]", decode).group(1)
