@@ -142,7 +142,7 @@ def _combine_kernel(
     lens_ptr,  # [B] int32
     o_ptr,  # [B, 1, Hq, D] bf16
     gate_ptr,  # GATED: [B, 1, Hq * D] bf16, the output is o * sigmoid(gate) (else unused)
-    xq_ptr,  # XQ: rows 0..3 of the output also as the decode GEMVs' int8 activations (ops/xq_triton.py)
+    xq_ptr,  # XQ: the output also as the decode GEMVs' int8 activations at <= 4 rows (ops/xq_triton.py)
     xs_ptr,  # XQ: their scales
     HQ: tl.constexpr,
     HKV: tl.constexpr,
@@ -183,8 +183,8 @@ def _combine_kernel(
         g = tl.load(gate_ptr + (b * HQ + h) * D + cols).to(tl.float32)
         out = out.to(tl.bfloat16).to(tl.float32) * (1.0 / (1.0 + tl.exp(-g)))
     tl.store(o_ptr + (b * HQ + h) * D + cols, out.to(o_ptr.dtype.element_ty))
-    if XQ:  # (D % 64 == 0: this program's head is whole groups of the output row)
-        if b < 4:
+    if XQ:  # (D % 64 == 0: this program's head is whole groups of the output row; more than 4
+        if tl.num_programs(1) <= 4:  # rows: the GEMV reads `o`, so nothing is written)
             xq_store(out.to(tl.bfloat16).to(tl.float32), xq_ptr, xs_ptr, b, h * D, D)
 
 
@@ -303,7 +303,7 @@ void attention_decode_combine(tvm::ffi::TensorView ws, tvm::ffi::TensorView lens
 
 #else
 // The gated form (an image built with GATED): o = attention * sigmoid(gate), o [B, 1, Hq * D];
-// with XQ also rows 0..3 of o as int8 activations `xq` (uint8, Hq * D * 8 + Hq * D / 256 * 64 bytes).
+// with XQ also o as int8 activations `xq` at <= 4 rows (uint8, Hq * D * 8 + Hq * D / 256 * 64 bytes).
 void attention_decode_combine(tvm::ffi::TensorView ws, tvm::ffi::TensorView lens, tvm::ffi::TensorView gate,
                               tvm::ffi::TensorView o@XQ_PARAM@) {
   const int64_t b = o.shape()[0];
@@ -377,7 +377,7 @@ def paged_attention_decode(
 ) -> nn.Tensor | tuple[nn.Tensor, nn.Tensor]:
     """`paged_attention` for `q [B, 1, Hq, D]` through the split-KV Triton kernels; `[B, 1, Hq, D]`,
     or with `gate [B, 1, Hq * D]` the gated output `attention * sigmoid(gate)` as `[B, 1, Hq * D]`;
-    `with_xq` (gated, `xq_supported`): `(that output, its int8 activations)` (rows 0..3, uint8)."""
+    `with_xq` (gated, `xq_supported`): `(that output, its int8 activations)` (uint8, written at <= 4 rows)."""
     import tvm
     from tvm.relax.frontend import nn
 

@@ -145,7 +145,7 @@ def add_reads_int8(x: nn.Tensor, module: nn.Module, feature: str) -> bool:
 
 
 def linear_add_i8(x: nn.Tensor, xq: nn.Tensor, module: nn.Module, residual: nn.Tensor) -> nn.Tensor:
-    """`linear_add(x, module, residual)` reading x as the int8 activations `xq` (rows 0..3, written by
+    """`linear_add(x, module, residual)` reading x as the int8 activations `xq` (<= 4 rows, written by
     x's producer where `add_reads_int8` said so)."""
     return qgemv.gemv_add_i8(x, xq, linear_weight(module), residual)
 

@@ -47,7 +47,7 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
     are the bf16 gate projections [HV, GATE_K] and `h` the layer input [B, GATE_K] (GATE_KP: the
     next power of two); row j of each is dotted with h in fp32 and rounded to bf16, as the dense
     projection would (one launch less per layer).
-    XQ: rows b < 4 of the output also as the int8 activations of the decode GEMVs (`xq` bytes, `xs`
+    XQ: the output also as the int8 activations of the decode GEMVs, at batches of <= 4 rows (`xq` bytes, `xs`
     their scales: the xq layout of ops/qgemv_cuda.cu `v4_stage_i8`, ops/xq_triton.py `xq_store`); DV % 64 == 0, so
     a program owns whole groups of 64 and needs no other program's outputs.
     """
@@ -107,8 +107,8 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
     zf = tl.load(z + (b * HV + j).to(tl.int64) * DV + rv).to(tl.float32)
     res = normed * w * zf * (1.0 / (1.0 + tl.exp(-zf)))
     tl.store(out + (b * HV + j).to(tl.int64) * DV + rv, res.to(tl.bfloat16))
-    if XQ:
-        if b < 4:
+    if XQ:  # (a batch of more than 4 rows: the GEMV reads `out`, so nothing is written)
+        if tl.num_programs(0) <= 4:
             xq_store(res.to(tl.bfloat16).to(tl.float32), xq, xs, b, j * DV, DV)
 
 
@@ -137,7 +137,7 @@ using tvm::ffi::TensorView;
 // returns them (the VM binds its results to what the call returns).
 // GATE_K > 0: `a`, `b` are the gate projections [HV, GATE_K] and `h` the layer input [B, 1, GATE_K];
 // else `a`, `b` are the gate pre-activations [B, 1, HV] and `h` is not read.
-// XQ: `xq` (uint8, HV * DV * 8 + HV * DV / 256 * 64 bytes) also gets rows 0..3 of `out` as int8 activations.
+// XQ: `xq` (uint8, HV * DV * 8 + HV * DV / 256 * 64 bytes) also gets `out` as int8 activations (<= 4 rows).
 @RESULT@ gdn_decode(
     TensorView mixed, TensorView a, TensorView b, TensorView h, TensorView a_log, TensorView dt_bias, TensorView z,
     TensorView norm_w, TensorView slots, TensorView lens, int64_t layer, double eps, tvm::ffi::Tensor out,
@@ -217,7 +217,7 @@ def gdn_decode_fused(
     eps: float, hk: int, hv: int, dk: int, dv: int, h: nn.Tensor | None = None, with_xq: bool = False,
 ) -> tuple[nn.Tensor, ...]:
     """`(out [B, 1, Hv*dv] bf16, gdn_state)` for post-conv `mixed [B, 1, 2*Hk*dk + Hv*dv]`;
-    `with_xq` (`xq_supported`): `(out, its int8 activations (rows 0..3, uint8), gdn_state)`.
+    `with_xq` (`xq_supported`): `(out, its int8 activations (uint8, written at <= 4 rows), gdn_state)`.
 
     `a`, `b`: the gate pre-activations `[B, 1, Hv]`, or with `h` (the layer input `[B, 1, K]`, see
     `gates_foldable`) the gate projections' weights `[Hv, K]`."""

@@ -105,9 +105,9 @@ def test_gated_combine_multiplies_by_the_sigmoid_of_the_gate():
 
 
 def test_gated_combine_writes_int8_activations():
-    """XQ: rows 0..3 of the gated output also as the decode GEMVs' int8 activations, byte for byte what
-    the decode norm's `norm_xq8` writes for the same bf16 values (tests/compiler/ops/test_qgemv_i8.py),
-    rows >= 4 not written; the output as without XQ."""
+    """XQ: a batch of 4 rows' gated output also as the decode GEMVs' int8 activations, byte for byte
+    what the decode norm's `norm_xq8` writes for the same bf16 values (tests/compiler/ops/test_qgemv_i8.py);
+    at 5 rows nothing (the GEMV reads the output there); the output as without XQ."""
     import numpy as np
 
     from .test_qgemv_i8 import _norm_xq
@@ -120,15 +120,18 @@ def test_gated_combine_writes_int8_activations():
     lens = torch.tensor([3, 20, 31, 0, 17], dtype=torch.int32)
     q = torch.randn((b, 1, hq, d), generator=gen)
     gate = torch.randn((b, 1, hq * d), generator=gen) * 3
-    outs = []
-    for with_xq in (False, True):
-        o = torch.zeros((b, 1, hq * d), dtype=torch.bfloat16)
-        xq = torch.full((hq * d * 8 + hq * d // 256 * 64,), 0x5A, dtype=torch.uint8) if with_xq else None
-        ad.launch_torch(q, pool[1], table, lens, 0.125, o=o, interpret=True, splits=8, gate=gate, xq=xq)
-        outs.append((o, xq))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.isfinite(outs[1][0].float()).all()
-    want = _norm_xq(outs[1][0].float().numpy().reshape(b, hq * d)[:4].astype(np.float64))
-    got = outs[1][1].numpy()
+    outs = {}
+    for rows in (4, b):
+        for with_xq in (False, True):
+            o = torch.zeros((rows, 1, hq * d), dtype=torch.bfloat16)
+            xq = torch.full((hq * d * 8 + hq * d // 256 * 64,), 0x5A, dtype=torch.uint8) if with_xq else None
+            ad.launch_torch(q[:rows], pool[1], table[:rows], lens[:rows], 0.125, o=o, interpret=True, splits=8,
+                            gate=gate[:rows], xq=xq)
+            outs[rows, with_xq] = (o, xq)
+        assert torch.equal(outs[rows, False][0], outs[rows, True][0])
+    assert torch.isfinite(outs[4, True][0].float()).all() and (outs[b, True][1] == 0x5A).all()
+    want = _norm_xq(outs[4, True][0].float().numpy().reshape(4, hq * d).astype(np.float64))
+    got = outs[4, True][1].numpy()
     width = hq * d
     np.testing.assert_array_equal(got[:width * 8], want[:width * 8])
     np.testing.assert_allclose(got[width * 8:].view(np.float32), want[width * 8:].view(np.float32), rtol=3e-7)

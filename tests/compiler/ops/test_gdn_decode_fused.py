@@ -161,9 +161,10 @@ def test_h200_library_with_folded_gates(tmp_path):
 
 
 def test_interpreter_writes_int8_activations():
-    """XQ: rows 0..3 of the output also as the decode GEMVs' int8 activations, byte for byte what the
-    decode norm's `norm_xq8` writes for the same bf16 values (tests/compiler/ops/test_qgemv_i8.py
-    replays it), rows >= 4 not written; the output and state as without XQ."""
+    """XQ: a batch of 4 rows' output also as the decode GEMVs' int8 activations, byte for byte what
+    the decode norm's `norm_xq8` writes for the same bf16 values (tests/compiler/ops/test_qgemv_i8.py
+    replays it); at 5 rows nothing (the GEMV reads the output there); the output and state as
+    without XQ."""
     from ninfer_compiler.ops.gdn_decode_fused import L2_EPS, gdn_decode_kernel, xq_supported
     from ninfer_compiler.ops.gdn_gates import SOFTPLUS_THRESHOLD
     from ninfer_compiler.ops.triton_aot import interpreted
@@ -186,20 +187,23 @@ def test_interpreter_writes_int8_activations():
     state = t(rng.standard_normal((L, S, hv, dk, dv)), torch.float32)
     slots, lens = t([0, 1, 2, 3, 4], torch.int32), t([1, 0, 2, 5, 3], torch.int32)
     consts = dict(HK=hk, HV=hv, DK=dk, DV=dv, Q_SCALE=dk**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD)
-    runs = []
-    for xq_on in (False, True):
-        out = torch.zeros((B, width), dtype=torch.bfloat16)
-        st = state.clone()
-        xq = torch.full((width * 8 + width // 256 * 64,), 0x5A, dtype=torch.uint8)
-        interpreted(gdn_decode_kernel)[(B, hv)](mixed, a, b, a, a_log, dt_bias, z, w, st, slots, lens, out, 0, S,
-                                                1e-5, xq.view(torch.int8), xq[width * 8:].view(torch.float32),
-                                                **consts, XQ=xq_on)
-        runs.append((out, st, xq))
-    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
-    assert (runs[0][2] == 0x5A).all()  # without XQ nothing is written
-    y = runs[1][0].float().numpy().astype(np.float64)
-    want = _norm_xq(y[:4])
-    got = runs[1][2].numpy()
+    runs = {}
+    for rows in (4, B):
+        for xq_on in (False, True):
+            out = torch.zeros((rows, width), dtype=torch.bfloat16)
+            st = state.clone()
+            xq = torch.full((width * 8 + width // 256 * 64,), 0x5A, dtype=torch.uint8)
+            interpreted(gdn_decode_kernel)[(rows, hv)](
+                mixed[:rows], a[:rows], b[:rows], a, a_log, dt_bias, z[:rows], w, st, slots, lens, out, 0, S, 1e-5,
+                xq.view(torch.int8), xq[width * 8:].view(torch.float32), **consts, XQ=xq_on)
+            runs[rows, xq_on] = (out, st, xq)
+        assert torch.equal(runs[rows, False][0], runs[rows, True][0])
+        assert torch.equal(runs[rows, False][1], runs[rows, True][1])
+        assert (runs[rows, False][2] == 0x5A).all()  # without XQ nothing is written
+    assert (runs[B, True][2] == 0x5A).all()  # ... nor above 4 rows
+    y = runs[4, True][0].float().numpy().astype(np.float64)
+    want = _norm_xq(y)
+    got = runs[4, True][2].numpy()
     np.testing.assert_array_equal(got[:width * 8], want[:width * 8])
     # the scales s / (254 x 16): the same to rounding (the GPU's division may differ in the last bit)
     np.testing.assert_allclose(got[width * 8:].view(np.float32), want[width * 8:].view(np.float32), rtol=3e-7)
