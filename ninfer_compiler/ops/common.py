@@ -78,8 +78,8 @@ KERNEL_FEATURES: dict[str, bool] = {
     # the mixers' q4 + q5 projections of the input norm's output on int8 activations (the norm writes
     # them, `ninfer_qgemv4e_q45_multi_i8` reads them at <= 4 rows; ops/qgemv.py `norm_multi_int8_supported`):
     # on the H200 as exact as the bf16 launch (3.3e-3 vs 3.5e-3 of max |y| against float64) and 1.6-3.3 us
-    # faster per launch at 1-4 rows; 27B decode 7.097 -> 6.924 ms at one request (docs/kernels/decode-gemv-v4.md,
-    # "thirteenth pass")
+    # faster per launch at 1-4 rows; in the 27B decode graph 6.666 -> 6.630 ms of GPU time per step at one
+    # request, the input norms' int8 copy costing back most of it (docs/kernels/decode-gemv-v4.md, "thirteenth pass")
     "gemv_int8_multi": True,
     # the fused GDN decode step also writes its output as int8 activations (each program owns whole
     # 64-groups: no cross-block step) and the q4 / q5 output projection reads them at <= 4 rows

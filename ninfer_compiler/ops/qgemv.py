@@ -437,7 +437,7 @@ def mlp_int8_supported(x: nn.Tensor, weight: nn.Tensor, gate: LinearWeight | Non
 
 def add_int8_input_supported(x: nn.Tensor, weight: LinearWeight | None, feature: str) -> bool:
     """Whether a residual-add projection of the decode input `x` reads it as int8 activations that its
-    producer writes (the opt-in kernel feature `feature`): a q4 / q5 weight that v4 runs, K a multiple
+    producer writes (under the kernel feature `feature`): a q4 / q5 weight that v4 runs, K a multiple
     of 256. `gemv_add_i8` then reads them at <= 4 rows, x otherwise."""
     if not (kernel_feature(feature) and int8_enabled() and not v5_enabled()) or weight is None:
         return False

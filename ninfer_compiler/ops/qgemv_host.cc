@@ -86,8 +86,9 @@ constexpr uint32_t kV4MaxWarps = 8;
 #define NINFER_V4_Q5_KS_FEW_ROWS 8
 // Whether a q5 residual add at one activation row without int8 activations from its producer runs
 // the int8 stages on activations each warp quantizes itself (`ninfer_qgemv4e_q5_add_i8s`; 0: the
-// bf16 entry). NINFER_GEMV_INT8=0 at run time turns it off too. Off until measured on the H200
-// (`check_qgemv_v4e.py cupy` self_check; `bench_27b.py prepare --variant self=NINFER_V4_SELF_I8=1`).
+// bf16 entry). NINFER_GEMV_INT8=0 at run time turns it off too. Off: measured slower on the H200
+// where it matters (down 28.49 -> 31.05 us, out 12.36 -> 11.51; the 27B step 6.729 -> 7.209 ms;
+// docs/kernels/decode-gemv-v4.md "thirteenth pass"); `--variant self=NINFER_V4_SELF_I8=1` measures it.
 #ifndef NINFER_V4_SELF_I8
 #define NINFER_V4_SELF_I8 0
 #endif

@@ -64,8 +64,11 @@ def _compile_baseline(artifact: Path, rev: str) -> None:
     """The groupwise-int package as git revision `rev`'s compiler builds it with its default kernels
     (a worktree of it on PYTHONPATH ahead of this checkout, NINFER_KERNELS unset: it may name
     features that revision lacks; kernels come from the shared content-addressed cache)."""
-    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", f"{rev}^{{commit}}"], check=True,
-                         capture_output=True, text=True).stdout.strip()  # (a worktree per commit, not per name)
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", f"{rev}^{{commit}}"],
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        raise SystemExit(f"--baseline {rev!r}: not a commit of {ROOT} ({found.stderr.strip()})")
+    rev = found.stdout.strip()  # (a worktree per commit, not per name)
     tree = Path("/tmp") / f"ninfer-baseline-{rev}"
     if not tree.exists():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev], check=True)

@@ -188,11 +188,8 @@ struct Shape {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int reps = argc > 1 ? std::atoi(argv[1]) : 9;
-  if (reps < 1) {
-    std::fprintf(stderr, "usage: copy_geometry [REPS >= 1]\n");
-    return 2;
-  }
+  const int reps = reps_argument(argc, argv, 9, "copy_geometry");
+  if (reps < 0) return 2;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;

@@ -70,11 +70,8 @@ static std::vector<Launch> step_launches(bool with_small) {
 }
 
 int main(int argc, char** argv) {
-  const int reps = argc > 1 ? std::atoi(argv[1]) : 7;
-  if (reps < 1) {
-    std::fprintf(stderr, "usage: stream_ceiling [REPS >= 1]\n");
-    return 2;
-  }
+  const int reps = reps_argument(argc, argv, 7, "stream_ceiling");
+  if (reps < 0) return 2;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;

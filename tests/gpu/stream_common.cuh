@@ -64,6 +64,13 @@ __global__ void fill(uint32_t* p, uint64_t n) {
   }
 }
 
+// The repetitions from argv[1] (default `fallback`), or -1 after a usage line for anything below 1.
+inline int reps_argument(int argc, char** argv, int fallback, const char* program) {
+  const int reps = argc > 1 ? std::atoi(argv[1]) : fallback;
+  if (reps < 1) std::fprintf(stderr, "usage: %s [REPS >= 1]\n", program);
+  return reps < 1 ? -1 : reps;
+}
+
 // Median ms of one replay of the graph that `enqueue()` captures on `st` (two warm-up replays).
 template <typename F>
 double graph_median_ms(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int reps, F&& enqueue) {
