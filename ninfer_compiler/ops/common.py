@@ -91,6 +91,10 @@ KERNEL_FEATURES: dict[str, bool] = {
     # outputs) for the attention output projection (ops/attention_decode.py): 27B decode 6.485 ->
     # 6.470 ms of GPU time per step at one request
     "gemv_int8_attn_out": True,
+    # the fused GDN decode step launched in the shape measured fastest at the batch (ops/gdn_decode_fused.py
+    # SHAPES: the whole state slice per program at one row, column chunks above): per launch on the
+    # H200 8.50 -> 7.83 us at 2 rows, 14.77 -> 10.53 at 4, 22.77 -> 17.60 at 8 (docs/kernels/gdn-decode.md)
+    "gdn_step_by_batch": True,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
     # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)
     "fp8_row_triton": True,

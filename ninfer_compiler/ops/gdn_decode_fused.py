@@ -18,13 +18,15 @@ Semantics (see ops/gated_delta_rule.py, ops/gdn_gates.py, ops/norm.py):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
-from .common import tuned_cuda_kernels
+from .common import kernel_feature, tuned_cuda_kernels
 from .cuda_extern import current_arch, extern, fill_launcher, inplace_call
 from .gdn_gates import SOFTPLUS_THRESHOLD
 from .triton_aot import KernelImage, compile_kernel
@@ -40,9 +42,18 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
                       HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                       Q_SCALE: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_T: tl.constexpr,
                       GATE_K: tl.constexpr = 0, GATE_KP: tl.constexpr = 1, PDL: tl.constexpr = False,
-                      XQ: tl.constexpr = False):
-    """Program (b, j): value head j of sequence b; state slice [DK, DV] in registers.
+                      XQ: tl.constexpr = False, BV: tl.constexpr = 0, GATE_BK: tl.constexpr = 1024,
+                      CHUNK_STAGES: tl.constexpr = 1, PREFETCH: tl.constexpr = False):
+    """Program (b, j): value head j of sequence b.
 
+    BV = 0: the whole state slice [DK, DV] in registers, loaded before the PDL wait (few programs:
+    each needs the most loads in flight). BV > 0 (divides DV): the slice in column chunks of BV,
+    one after another, so a program holds a quarter of the registers and several programs share
+    a multiprocessor (many programs: at batch 8 the whole-slice form runs three waves of one
+    program per multiprocessor); the unnormalised output goes to `out` per chunk and is read back
+    for the gated norm, and the gate projections are dotted GATE_BK columns at a time (GATE_BK = 0:
+    all at once, their weights loaded before the wait). PREFETCH (BV > 0): chunk 0 is loaded before
+    the wait and chunk c + 1 while chunk c is computed.
     GATE_K = 0: `a_in`, `b_in` are the gate pre-activations [B, HV] (`h` unused). GATE_K > 0: they
     are the bf16 gate projections [HV, GATE_K] and `h` the layer input [B, GATE_K] (GATE_KP: the
     next power of two); row j of each is dotted with h in fp32 and rounded to bf16, as the dense
@@ -63,29 +74,46 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
     slot = tl.load(slots + b).to(tl.int64)
     fresh = tl.load(lens + b) == 0
     base = ((layer.to(tl.int64) * num_slots + slot) * HV + j) * (DK * DV)
-    s_ptr = state + base + rk[:, None] * DV + rv[None, :]
-    s = tl.load(s_ptr)
     a_log_j = tl.load(a_log + j).to(tl.float32)
     dt_j = tl.load(dt_bias + j).to(tl.float32)
     w = tl.load(norm_w + rv).to(tl.float32)
+    GATE_ONCE: tl.constexpr = BV == 0 or GATE_BK == 0
+    if BV == 0:
+        s_ptr = state + base + rk[:, None] * DV + rv[None, :]
+        s = tl.load(s_ptr)
+    elif PREFETCH:
+        s_next = tl.load(state + base + rk[:, None] * DV + tl.arange(0, BV)[None, :])
     if GATE_K > 0:
-        rg = tl.arange(0, GATE_KP)
-        wa = tl.load(a_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0)
-        wb = tl.load(b_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0)
+        if GATE_ONCE:
+            rg = tl.arange(0, GATE_KP)
+            wa = tl.load(a_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0)
+            wb = tl.load(b_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0)
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
         gdc_wait()
         gdc_launch_dependents()
     row = mixed + b.to(tl.int64) * C
     qr = tl.load(row + kh * DK + rk).to(tl.float32)
     kr = tl.load(row + HK * DK + kh * DK + rk).to(tl.float32)
-    v = tl.load(row + 2 * HK * DK + j * DV + rv).to(tl.float32)
     q = qr * tl.math.rsqrt(tl.sum(qr * qr, 0) + L2_EPS) * Q_SCALE
     k = kr * tl.math.rsqrt(tl.sum(kr * kr, 0) + L2_EPS)
 
     if GATE_K > 0:
-        hv = tl.load(h + b.to(tl.int64) * GATE_K + rg, mask=rg < GATE_K, other=0.0).to(tl.float32)
-        a_pre = tl.sum(hv * wa.to(tl.float32), 0).to(tl.bfloat16).to(tl.float32)
-        b_pre = tl.sum(hv * wb.to(tl.float32), 0).to(tl.bfloat16).to(tl.float32)
+        if GATE_ONCE:
+            hv = tl.load(h + b.to(tl.int64) * GATE_K + rg, mask=rg < GATE_K, other=0.0).to(tl.float32)
+            a_dot = tl.sum(hv * wa.to(tl.float32), 0)
+            b_dot = tl.sum(hv * wb.to(tl.float32), 0)
+        else:
+            acc_a = tl.zeros([GATE_BK], tl.float32)
+            acc_b = tl.zeros([GATE_BK], tl.float32)
+            for k0 in tl.range(0, GATE_K, GATE_BK):
+                rg = k0 + tl.arange(0, GATE_BK)
+                hv = tl.load(h + b.to(tl.int64) * GATE_K + rg, mask=rg < GATE_K, other=0.0).to(tl.float32)
+                acc_a += hv * tl.load(a_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0).to(tl.float32)
+                acc_b += hv * tl.load(b_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0).to(tl.float32)
+            a_dot = tl.sum(acc_a, 0)
+            b_dot = tl.sum(acc_b, 0)
+        a_pre = a_dot.to(tl.bfloat16).to(tl.float32)
+        b_pre = b_dot.to(tl.bfloat16).to(tl.float32)
     else:
         a_pre = tl.load(a_in + b * HV + j).to(tl.float32)
         b_pre = tl.load(b_in + b * HV + j).to(tl.float32)
@@ -93,28 +121,89 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
     soft = tl.where(x > SOFTPLUS_T, x, tl.log(1.0 + tl.exp(x)))
     g = -tl.exp(a_log_j) * soft
     beta = (1.0 / (1.0 + tl.exp(-b_pre))).to(tl.bfloat16).to(tl.float32)
+    decay = tl.exp(g)
+    out_row = out + (b * HV + j).to(tl.int64) * DV
 
-    s = tl.where(fresh, 0.0, s) * tl.exp(g)
-    ks = tl.sum(s * k[:, None], 0)
-    u = beta * (v - ks)
-    s = s + k[:, None] * u[None, :]
-    o = tl.sum(s * q[:, None], 0)
-    tl.store(s_ptr, s)
+    if BV == 0:
+        v = tl.load(row + 2 * HK * DK + j * DV + rv).to(tl.float32)
+        s = tl.where(fresh, 0.0, s) * decay
+        ks = tl.sum(s * k[:, None], 0)
+        u = beta * (v - ks)
+        s = s + k[:, None] * u[None, :]
+        o = tl.sum(s * q[:, None], 0)
+        tl.store(s_ptr, s)
+        ob = o.to(tl.bfloat16).to(tl.float32)
+        sum_sq = tl.sum(ob * ob, 0)
+    else:
+        sq = tl.zeros([BV], tl.float32)
+        for c0 in tl.range(0, DV, BV, num_stages=CHUNK_STAGES):
+            rc = c0 + tl.arange(0, BV)
+            s_ptr = state + base + rk[:, None] * DV + rc[None, :]
+            if PREFETCH:
+                s = s_next
+                rn = rc + BV
+                s_next = tl.load(state + base + rk[:, None] * DV + rn[None, :], mask=rn[None, :] < DV, other=0.0)
+            else:
+                s = tl.load(s_ptr)
+            s = tl.where(fresh, 0.0, s) * decay
+            v = tl.load(row + 2 * HK * DK + j * DV + rc).to(tl.float32)
+            ks = tl.sum(s * k[:, None], 0)
+            u = beta * (v - ks)
+            s = s + k[:, None] * u[None, :]
+            o = tl.sum(s * q[:, None], 0)
+            tl.store(s_ptr, s)
+            oc = o.to(tl.bfloat16)
+            sq += oc.to(tl.float32) * oc.to(tl.float32)
+            tl.store(out_row + rc, oc)
+        sum_sq = tl.sum(sq, 0)
+        tl.debug_barrier()  # this program's chunks of `out` are written (read back by other threads)
+        ob = tl.load(out_row + rv).to(tl.float32)
+        tl.debug_barrier()  # and read by every thread before any overwrites them
 
-    ob = o.to(tl.bfloat16).to(tl.float32)
-    inv = tl.math.rsqrt(tl.sum(ob * ob, 0) / DV + eps)
+    inv = tl.math.rsqrt(sum_sq / DV + eps)
     normed = (ob * inv).to(tl.bfloat16).to(tl.float32)
     zf = tl.load(z + (b * HV + j).to(tl.int64) * DV + rv).to(tl.float32)
     res = normed * w * zf * (1.0 / (1.0 + tl.exp(-zf)))
-    tl.store(out + (b * HV + j).to(tl.int64) * DV + rv, res.to(tl.bfloat16))
+    tl.store(out_row + rv, res.to(tl.bfloat16))
     if XQ:  # (a batch of more than 4 rows: the GEMV reads `out`, so nothing is written)
         if tl.num_programs(0) <= 4:
             xq_store(res.to(tl.bfloat16).to(tl.float32), xq, xs, b, j * DV, DV)
 
 
+@dataclass(frozen=True)
+class Shape:
+    """One launch shape of the kernel: BV (0: the whole slice), warps, GATE_BK, PREFETCH."""
+
+    bv: int
+    warps: int
+    gate_bk: int
+    prefetch: bool
+
+
+# Launch shapes by the most rows each is used at (None: more). H200, 27B heads (16 / 48, dk = dv = 128,
+# gates folded from 5,120), microseconds per launch over 48 layers' state in a CUDA graph
+# (tests/gpu/check_gdn_decode.py; docs/kernels/gdn-decode.md): at 1 row the whole slice (6.86; the
+# chunked forms 6.82-10.2); at 2-4 rows chunks of 64 with the next chunk and the gate weights loaded
+# ahead (7.83 / 10.53 vs 8.50 / 14.77); above, chunks of 64 with nothing ahead, 3 programs per
+# multiprocessor (17.60 vs 22.77 at 8 rows).
+SHAPES: dict[int | None, Shape] = {1: Shape(0, 8, 0, False), 4: Shape(64, 4, 0, True), None: Shape(64, 4, 1024, False)}
+
+
+def shape_for(rows: int | None, dv: int) -> Shape:
+    """SHAPES' entry for `rows`, its chunk narrowed to DV where DV is smaller (a chunk must divide DV)."""
+    shape = SHAPES[rows]
+    bv = min(shape.bv, dv)
+    if bv and dv % bv:
+        return SHAPES[1]
+    return Shape(bv, shape.warps, shape.gate_bk, shape.prefetch)
+
+
 def image(hk: int, hv: int, dk: int, dv: int, w_dtype: str, gate_param_dtype: str, arch: str,
-          gate_k: int = 0, xq: bool = False) -> KernelImage:
-    """The kernel for one model's head geometry and parameter dtypes (`gate_k`: see GATE_K; `xq`: XQ)."""
+          gate_k: int = 0, xq: bool = False, bv: int = 0, num_warps: int = 8,
+          stages: int = 1, gate_bk: int = 1024, prefetch: bool = False) -> KernelImage:
+    """The kernel for one model's head geometry and parameter dtypes (`gate_k`: see GATE_K; `xq`: XQ;
+    `bv`: BV, 0 for the whole slice; `stages`: CHUNK_STAGES, the chunk loop's software pipelining;
+    `gate_bk`: GATE_BK; `prefetch`: PREFETCH)."""
     wt = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
     return compile_kernel(
         gdn_decode_kernel,
@@ -124,8 +213,9 @@ def image(hk: int, hv: int, dk: int, dv: int, w_dtype: str, gate_param_dtype: st
                    "num_slots": "i32", "eps": "fp32", "xq": "*i8", "xs": "*fp32"},
         constants={"HK": hk, "HV": hv, "DK": dk, "DV": dv, "Q_SCALE": dk**-0.5, "L2_EPS": L2_EPS,
                    "SOFTPLUS_T": SOFTPLUS_THRESHOLD, "GATE_K": gate_k,
-                   "GATE_KP": triton.next_power_of_2(gate_k) if gate_k else 1, "PDL": True, "XQ": xq},
-        arch=arch, num_warps=8, num_stages=1,
+                   "GATE_KP": triton.next_power_of_2(gate_k) if gate_k else 1, "PDL": True, "XQ": xq, "BV": bv,
+                   "GATE_BK": gate_bk, "CHUNK_STAGES": stages, "PREFETCH": prefetch},
+        arch=arch, num_warps=num_warps, num_stages=1,
     )
 
 
@@ -164,7 +254,9 @@ using tvm::ffi::TensorView;
                     xq_bytes, xs_bytes};
   int32_t layer32 = static_cast<int32_t>(layer), num_slots = static_cast<int32_t>(state.shape()[1]);
   float eps32 = static_cast<float>(eps);
-  ninfer_cuda::launch(@KERNEL@, static_cast<unsigned>(batch), @HV@, 1,
+  // the launch shape measured fastest at this many rows (ops/gdn_decode_fused.py SHAPES)
+  const char* kernel = @KERNEL_CHOICE@;
+  ninfer_cuda::launch(kernel, static_cast<unsigned>(batch), @HV@, 1,
                       {&p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8], &p[9], &p[10], &p[11],
                        &layer32, &num_slots, &eps32, &p[12], &p[13]},
                       mixed.device().device_id, /*pdl=*/true);
@@ -175,14 +267,25 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(@SYMBOL@, gdn_decode);
 """
 
 
-def launcher_values(hv: int, dk: int, dv: int, gate_k: int, kernel: str, symbol: str, xq: bool) -> dict:
-    """LAUNCHER's placeholders for one kernel image (`xq`: the form that also writes int8 activations)."""
+def kernel_choice(kernels: dict[str, int | None]) -> str:
+    """C++ choosing a kernel key by `batch`: `kernels` maps each key to the most rows it takes (None:
+    any number; last)."""
+    expr = ""
+    for key, rows in kernels.items():
+        expr += f'"{key}"' if rows is None else f'batch <= {rows} ? "{key}" : '
+    return expr
+
+
+def launcher_values(hv: int, dk: int, dv: int, gate_k: int, kernels: dict[str, int | None], symbol: str,
+                    xq: bool) -> dict:
+    """LAUNCHER's placeholders for the kernel images `kernels` (key: the most rows it is launched at, see
+    `kernel_choice`; `xq`: the form that also writes int8 activations)."""
     width = hv * dv
     two, three = "tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor>", "tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor, tvm::ffi::Tensor>"
     addresses = ("TVM_FFI_ICHECK(xq.numel() == " + str(width * 8 + width // 256 * 64) + " && xq.dtype().bits == 8) "
                  '<< "ninfer_gdn_decode: xq size";\n  xq_bytes = ninfer_cuda::pointer(xq, "xq"); '
                  f"xs_bytes = xq_bytes + {width * 8};") if xq else ""
-    return {"HV": hv, "DK": dk, "DV": dv, "GATE_K": gate_k, "KERNEL": f'"{kernel}"', "SYMBOL": symbol,
+    return {"HV": hv, "DK": dk, "DV": dv, "GATE_K": gate_k, "KERNEL_CHOICE": kernel_choice(kernels), "SYMBOL": symbol,
             "RESULT": three if xq else two, "XQ_PARAM": "tvm::ffi::Tensor xq, " if xq else "",
             "XQ_ADDRESSES": addresses, "RETURNED": "out, xq, state" if xq else "out, state"}
 
@@ -225,13 +328,20 @@ def gdn_decode_fused(
         raise ValueError(f"gdn_decode_fused: int8 activations need dv % 64 == 0 and Hv*dv % 256 == 0, got {hv}x{dv}")
     arch = current_arch()
     gate_k = 0 if h is None else int(h.shape[-1])
-    img = image(hk, hv, dk, dv, str(norm_w.dtype), str(a_log.dtype), arch, gate_k, with_xq)
-    tag = (f"_g{gate_k}" if gate_k else "") + ("_xq" if with_xq else "")
-    key = f"gdn_decode_{hk}_{hv}_{dk}_{dv}_{norm_w.dtype}_{a_log.dtype}_g{gate_k}" + ("_xq" if with_xq else "")
+    by_rows = kernel_feature("gdn_step_by_batch")
+    images = {}
+    for rows in (SHAPES if by_rows else {None: None}):
+        sh = shape_for(rows if by_rows else 1, dv)
+        images[f"gdn_decode_{rows or 'any'}"] = (rows, image(
+            hk, hv, dk, dv, str(norm_w.dtype), str(a_log.dtype), arch, gate_k, with_xq, sh.bv, sh.warps,
+            gate_bk=sh.gate_bk, prefetch=sh.prefetch))
+    tag = (f"_g{gate_k}" if gate_k else "") + ("_xq" if with_xq else "") + ("" if by_rows else "_one")
+    key = f"gdn_decode_{hk}_{hv}_{dk}_{dv}_{norm_w.dtype}_{a_log.dtype}_g{gate_k}" + tag
     symbol = f"{SYMBOL}_{hk}_{hv}_{dk}_{dv}{tag}"
-    launcher = fill_launcher(LAUNCHER, launcher_values(hv, dk, dv, gate_k, img.name, symbol, with_xq))
+    launcher = fill_launcher(LAUNCHER, launcher_values(
+        hv, dk, dv, gate_k, {name: rows for name, (rows, _) in images.items()}, symbol, with_xq))
     # registers the launcher library with the export (the call itself is emitted below)
-    extern(key, {symbol: lambda *args: args[-1]}, launcher, [img])
+    extern(key, {symbol: lambda *args: args[-1]}, launcher, {name: img for name, (_, img) in images.items()})
     out = op.empty([mixed.shape[0], 1, hv * dv], "bfloat16", name="gdn_decode_out")
     mutated = [out, gdn_state]
     if with_xq:

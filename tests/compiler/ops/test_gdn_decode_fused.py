@@ -49,7 +49,9 @@ def reference(mixed, a, b, a_log, dt_bias, z, w, state, slots, lens, layer):
     return out, state
 
 
-def test_interpreter_matches_the_unfused_math():
+@pytest.mark.parametrize("bv", [0, 8])
+def test_interpreter_matches_the_unfused_math(bv):
+    """The whole-slice form (BV = 0) and the column-chunked one (BV = 8: four chunks of DV = 32)."""
     from ninfer_compiler.ops.gdn_decode_fused import L2_EPS, gdn_decode_kernel
     from ninfer_compiler.ops.gdn_gates import SOFTPLUS_THRESHOLD
     from ninfer_compiler.ops.triton_aot import interpreted
@@ -72,7 +74,7 @@ def test_interpreter_matches_the_unfused_math():
     unused = torch.zeros(1, dtype=torch.int8)
     interpreted(gdn_decode_kernel)[(B, HV)](
         mixed, a, b, a, a_log, dt_bias, z, w, st, slots, lens, out, 1, S, 1e-5, unused, unused.float(),
-        HK=HK, HV=HV, DK=DK, DV=DV, Q_SCALE=DK**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD)
+        HK=HK, HV=HV, DK=DK, DV=DV, Q_SCALE=DK**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, BV=bv)
 
     def f64(x):
         return x.double().numpy()
@@ -85,9 +87,11 @@ def test_interpreter_matches_the_unfused_math():
     np.testing.assert_array_equal(st[0].numpy(), state[0].numpy())  # other layers untouched
 
 
-def test_interpreter_folds_the_gate_projections():
+@pytest.mark.parametrize("bv", [0, 16])
+def test_interpreter_folds_the_gate_projections(bv):
     """GATE_K > 0: a, b computed in the kernel from h and the [HV, K] bf16 weights (K not a power
-    of two), against the same kernel fed the projections as the dense GEMV rounds them."""
+    of two), against the same kernel fed the projections as the dense GEMV rounds them; the chunked
+    form (BV > 0) dots them 32 columns at a time (three chunks, the last one partial)."""
     from ninfer_compiler.ops.gdn_decode_fused import L2_EPS, gdn_decode_kernel
     from ninfer_compiler.ops.gdn_gates import SOFTPLUS_THRESHOLD
     from ninfer_compiler.ops.triton_aot import interpreted
@@ -106,7 +110,8 @@ def test_interpreter_folds_the_gate_projections():
     w = t(rng.standard_normal(DV), torch.float32)
     state = t(rng.standard_normal((L, S, HV, DK, DV)), torch.float32)
     slots, lens = t([2, 0], torch.int32), t([5, 1], torch.int32)
-    consts = dict(HK=HK, HV=HV, DK=DK, DV=DV, Q_SCALE=DK**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD)
+    consts = dict(HK=HK, HV=HV, DK=DK, DV=DV, Q_SCALE=DK**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD,
+                  BV=bv, GATE_BK=32)
     a = (h.float() @ wa.float().T).bfloat16()  # the dense projections: fp32 sums, one bf16 rounding
     b = (h.float() @ wb.float().T).bfloat16()
     outs, states = [], []
@@ -160,7 +165,8 @@ def test_h200_library_with_folded_gates(tmp_path):
     assert f"ninfer_gdn_decode_{HK}_{HV}_{DK}_{DV}_g{K}".encode() in lib.read_bytes()
 
 
-def test_interpreter_writes_int8_activations():
+@pytest.mark.parametrize("bv", [0, 32])
+def test_interpreter_writes_int8_activations(bv):
     """XQ: a batch of 4 rows' output also as the decode GEMVs' int8 activations, byte for byte what
     the decode norm's `norm_xq8` writes for the same bf16 values (tests/compiler/ops/test_qgemv_i8.py
     replays it); at 5 rows nothing (the GEMV reads the output there); the output and state as
@@ -186,7 +192,7 @@ def test_interpreter_writes_int8_activations():
     w = t(rng.standard_normal(dv), torch.float32)
     state = t(rng.standard_normal((L, S, hv, dk, dv)), torch.float32)
     slots, lens = t([0, 1, 2, 3, 4], torch.int32), t([1, 0, 2, 5, 3], torch.int32)
-    consts = dict(HK=hk, HV=hv, DK=dk, DV=dv, Q_SCALE=dk**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD)
+    consts = dict(HK=hk, HV=hv, DK=dk, DV=dv, Q_SCALE=dk**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, BV=bv)
     runs = {}
     for rows in (4, B):
         for xq_on in (False, True):
@@ -211,15 +217,32 @@ def test_interpreter_writes_int8_activations():
 
 @pytest.mark.parametrize("gate_k", [0, 5120])
 def test_launcher_builds_warning_free(tmp_path, gate_k):
-    """Both launcher forms as the package links them, under -Wall -Werror (a check macro inside an
-    unbraced if / else is the kind of bug only the warning shows)."""
+    """Both launcher forms as the package links them (a kernel per batch range), under -Wall -Werror (a
+    check macro inside an unbraced if / else is the kind of bug only the warning shows)."""
     from ninfer_compiler.ops import cuda_extern
     from ninfer_compiler.ops import gdn_decode_fused as fused
 
     for xq in (False, True):
-        img = fused.image(16, 48, 128, 128, "bfloat16", "float32", "sm_90a", gate_k, xq)
+        images = {f"k{rows}": (rows, fused.image(16, 48, 128, 128, "bfloat16", "float32", "sm_90a", gate_k, xq,
+                                                  sh.bv, sh.warps, gate_bk=sh.gate_bk, prefetch=sh.prefetch))
+                  for rows, sh in ((r, fused.shape_for(r, 128)) for r in fused.SHAPES)}
         launcher = cuda_extern.fill_launcher(fused.LAUNCHER, fused.launcher_values(
-            48, 128, 128, gate_k, img.name, "ninfer_gdn_decode_t", xq))
+            48, 128, 128, gate_k, {k: rows for k, (rows, _) in images.items()}, "ninfer_gdn_decode_t", xq))
+        assert 'batch <= 1 ? "k1" : batch <= 4 ? "k4" : "kNone"' in launcher
         (tmp_path / str(xq)).mkdir()
-        symbols = build_launcher(cuda_extern.host_source(launcher, [img]), tmp_path / str(xq))
+        symbols = build_launcher(cuda_extern.host_source(launcher, {k: img for k, (_, img) in images.items()}),
+                                 tmp_path / str(xq))
         assert re.search(r"\bT __tvm_ffi_ninfer_gdn_decode_t\b", symbols)
+
+
+def test_shapes_fit_any_head_width():
+    """Every batch range's shape tiles DV: chunks narrowed to a smaller DV, the whole slice where a
+    chunk would not divide it."""
+    from ninfer_compiler.ops import gdn_decode_fused as fused
+
+    assert fused.SHAPES[1].bv == 0 and None in fused.SHAPES
+    for dv in (16, 32, 64, 128, 256):
+        for rows in fused.SHAPES:
+            sh = fused.shape_for(rows, dv)
+            assert sh.bv == 0 or (dv % sh.bv == 0 and sh.bv <= dv), (rows, dv, sh)
+    assert fused.shape_for(None, 32).bv == 32 and fused.shape_for(None, 128).bv == fused.SHAPES[None].bv
