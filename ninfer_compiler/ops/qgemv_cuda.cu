@@ -1348,7 +1348,7 @@ __device__ __forceinline__ void norm_scale8(const uint4& x, float inv, const flo
 }
 
 // Weights are loaded before the wait, x once into registers after it; one reduction, one store.
-// `xq` (nullptr: none): rows 0..3 also as the int8 activations of the I8 GEMV entries.
+// `xq` (nullptr: none): rows 0..3 also as the int8 activations of the I8 GEMV entries (at <= 4 rows).
 // NINFER_NORM_DIAG=1 (measurement builds only, wrong results): the launch and its PDL wait alone.
 #ifndef NINFER_NORM_DIAG
 #define NINFER_NORM_DIAG 0
@@ -1386,7 +1386,8 @@ __device__ __forceinline__ void rms_norm_body(const __nv_bfloat16* x, const TW* 
   for (int i = 0; i < NORM_THREADS / 32; ++i) total += red[i];
   const float inv = rsqrtf(total / static_cast<float>(k) + eps);
   uint4* yr = reinterpret_cast<uint4*>(y + static_cast<size_t>(blockIdx.x) * k);
-  const bool with_xq = xq != nullptr && blockIdx.x < 4u;
+  // (more than 4 rows: the int8 entries do not run, every reader takes y, so nothing is written)
+  const bool with_xq = xq != nullptr && blockIdx.x < 4u && gridDim.x <= 4u;
 #pragma unroll
   for (uint32_t j = 0; j < NORM_VECS; ++j) {
     const bool valid = tid + j * NORM_THREADS < vecs;

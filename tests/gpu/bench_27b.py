@@ -229,7 +229,7 @@ def _synthesize_in_background(recipe: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code], cwd="/tmp")
 
 
-PROBE_ROWS = (1, 3)  # decode batch sizes of the numerics probe (one request; the int8 entries' <= 4 rows)
+PROBE_ROWS = (1, 3, 6)  # decode batch sizes of the numerics probe (int8 activations at 1 and 3; 6 pads to the 8-row graph)
 
 
 def probe_logits(runner) -> dict[int, np.ndarray]:  # noqa: ANN001 (a ModelRunner)
