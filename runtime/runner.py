@@ -27,9 +27,11 @@ from .package import (
     read_manifest,
 )
 from .pools import ContextPool, PoolPlan, SequenceCache
+from .uploads import stager_for
 
 GiB = 1 << 30
 AUTO = "auto"
+KDL_CUDA = 2  # DLPack device type of CUDA GPUs
 
 
 @dataclass(frozen=True)
@@ -63,23 +65,33 @@ def device_for(manifest: Manifest, device_id: int = 0) -> tvm.runtime.Device:
 class _GraphInputs:
     """Decode inputs of one batch bucket at fixed device addresses, which a captured graph reads.
 
-    Each upload is a synchronous host-to-device copy on the decode step's critical path, so an
-    input equal to what the tensor already holds (the page table between page boundaries, the slot
-    ids of the same sequences) is not copied again."""
+    An input equal to what the tensor already holds (the page table between page boundaries, the
+    slot ids of the same sequences) is not copied again. On CUDA the others are queued from
+    page-locked memory without waiting (`uploads.PinnedStager`); elsewhere, or without the driver,
+    each is a synchronous host-to-device copy on the decode step's critical path."""
 
     def __init__(self, bucket: int, max_pages: int, device: tvm.runtime.Device) -> None:
         shapes = [(bucket,), (3, bucket), (bucket, max_pages), (bucket,), (bucket,)]  # ids, positions, pages, lens, slots
         self.tensors = [tvm.runtime.empty(shape, "int32", device) for shape in shapes]
         self._held: list[np.ndarray | None] = [None] * len(shapes)  # what each tensor holds
+        kind = "cuda" if device.dlpack_device_type() == KDL_CUDA else str(device.dlpack_device_type())
+        self._stager = stager_for([int(np.prod(shape)) * 4 for shape in shapes], kind)
 
     def write(self, *arrays: np.ndarray) -> list[tvm.runtime.Tensor]:
+        queued = False
         for i, (tensor, array) in enumerate(zip(self.tensors, arrays, strict=True)):
             array = np.ascontiguousarray(array, dtype=np.int32)
             held = self._held[i]
             if held is not None and np.array_equal(held, array):
                 continue
-            tensor.copyfrom(array)
+            if self._stager is not None:
+                self._stager.upload(i, array, tensor.data_ptr())
+                queued = True
+            else:
+                tensor.copyfrom(array)
             self._held[i] = array.copy()
+        if queued:
+            self._stager.queued()
         return self.tensors
 
 
