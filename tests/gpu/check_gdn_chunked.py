@@ -225,14 +225,11 @@ def run(out: Path, reps: int, skip_fla: bool, budget_s: float) -> int:
     import numpy as np
     import torch
 
-    out.mkdir(parents=True, exist_ok=True)
-    log = open(out / "check_gdn_chunked.log", "w")  # noqa: SIM115 (whole run)
-    t_start = time.time()
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    from cupy_bench import run_log
 
-    def say(msg: str) -> None:
-        print(msg, flush=True)
-        log.write(msg + "\n")
-        log.flush()
+    out.mkdir(parents=True, exist_ok=True)
+    say, t_start = run_log(out / "check_gdn_chunked.log"), time.time()
 
     import cupy as cp
     import triton

@@ -192,28 +192,17 @@ def run(out_dir: Path, reps: int) -> int:
 
     sys.path.insert(0, str(ROOT / "tests" / "gpu"))
     import cupy as cp
-    from cupy_bench import graph_us
+    from cupy_bench import graph_us, run_log
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    log = open(out_dir / "check_gdn_decode.log", "w")  # noqa: SIM115 (whole run)
-    t0 = time.time()
-
-    def say(msg: str) -> None:
-        print(msg, flush=True)
-        log.write(msg + "\n")
-        log.flush()
-
+    say, t0 = run_log(out_dir / "check_gdn_decode.log"), time.time()
     say(f"{torch.cuda.get_device_name()} torch {torch.__version__} cupy {cp.__version__}")
     index = json.loads((STAGE / "index.json").read_text())
-    fns, results = {}, {"checks": {}, "times": {}, "resources": {}}
-    modules = []
-    for name, meta in index.items():
-        module = cp.RawModule(path=str(STAGE / meta["file"]))
-        modules.append(module)
-        fn = module.get_function(meta["name"])
-        fns[name] = fn
-        results["resources"][name] = {"regs": fn.num_regs, "local_bytes": fn.local_size_bytes,
-                                      "shared": meta["shared"], "threads": meta["threads"]}
+    modules = {name: cp.RawModule(path=str(STAGE / meta["file"])) for name, meta in index.items()}
+    fns = {name: modules[name].get_function(meta["name"]) for name, meta in index.items()}
+    results = {"checks": {}, "times": {}, "resources": {
+        name: {"regs": fn.num_regs, "local_bytes": fn.local_size_bytes, "shared": index[name]["shared"],
+               "threads": index[name]["threads"]} for name, fn in fns.items()}}
     say("resources (regs / local bytes / shared / threads): " + ", ".join(
         f"{k} {v['regs']}/{v['local_bytes']}/{v['shared']}/{v['threads']}" for k, v in results["resources"].items()))
 

@@ -3,7 +3,22 @@ read / copy bandwidth ceilings measured with our own kernels (`check_qgemv.BW_SO
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
+
+
+def run_log(path: Path) -> Callable[[str], None]:
+    """`say(msg)`: print msg and append it to `path`, flushed per line (a run cut short keeps its log)."""
+    log = open(path, "w")  # noqa: SIM115 (the whole run)
+
+    def say(msg: str) -> None:
+        print(msg, flush=True)
+        log.write(msg + "\n")
+        log.flush()
+
+    return say
 
 
 def graph_us(fn, n_calls: int, reps: int, stream=None, count: int = 1) -> float:  # noqa: ANN001
