@@ -95,6 +95,43 @@ class _GraphInputs:
         return self.tensors
 
 
+class _HostInputs:
+    """One bucket's decode inputs on the host, refilled in place each step (no per-step arrays):
+    ids, positions (text: the cached length in all three rows), page table, lengths, slots.
+    A page-table row (the sequence's pages, then 0; padding rows: the scratch page) is rewritten only
+    when its sequence's page list changed: a different list object (pools.py replaces it on
+    release; the row keeps a reference, so no new list can take its identity) or a different
+    length (pools.py only appends)."""
+
+    def __init__(self, bucket: int, max_pages: int, scratch_page: int, scratch_slot: int) -> None:
+        self.ids = np.zeros(bucket, np.int32)
+        self.positions = np.zeros((3, bucket), np.int32)
+        self.table = np.full((bucket, max_pages), scratch_page, np.int32)
+        self.lens = np.zeros(bucket, np.int32)
+        self.slots = np.full(bucket, scratch_slot, np.int32)
+        self._scratch_page, self._scratch_slot = scratch_page, scratch_slot
+        self._rows: list[tuple[object, int] | None] = [None] * bucket  # (pages list, its length) per row
+
+    def fill(self, tokens: np.ndarray, lengths: np.ndarray, seqs: list[SequenceCache]) -> tuple[np.ndarray, ...]:
+        n = len(seqs)
+        self.ids[:n], self.ids[n:] = tokens, 0
+        self.positions[:, :n], self.positions[:, n:] = lengths, 0
+        self.lens[:n], self.lens[n:] = lengths, 0
+        self.slots[:n] = [s.slot for s in seqs]
+        self.slots[n:] = self._scratch_slot
+        for i, s in enumerate(seqs):
+            row = self._rows[i]
+            if row is None or row[0] is not s.pages or row[1] != len(s.pages):
+                self.table[i, : len(s.pages)] = s.pages
+                self.table[i, len(s.pages):] = 0
+                self._rows[i] = (s.pages, len(s.pages))
+        for i in range(n, len(self._rows)):
+            if self._rows[i] is not None:
+                self.table[i] = self._scratch_page
+                self._rows[i] = None
+        return self.ids, self.positions, self.table, self.lens, self.slots
+
+
 class ModelRunner:
     """A loaded package, ready to run prefill and decode steps."""
 
@@ -128,6 +165,7 @@ class ModelRunner:
         self.graph_buckets: list[int] = sorted(graphs["buckets"]) if graphs else []
         self._decode_graph = self.vm[graphs["function"]] if graphs else None
         self._graph_inputs: dict[int, _GraphInputs] = {}
+        self._graph_host: dict[int, _HostInputs] = {}
         scratch = 1 if graphs else 0
         cache = self.manifest.cache
         self.cache_layout = cache
@@ -262,35 +300,31 @@ class ModelRunner:
     def _decode(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray):  # noqa: ANN202
         """Run one decode step; `(the function's outputs, rows that are real)`."""
         tokens = np.asarray(tokens, np.int32)
+        lengths = np.fromiter((s.length for s in seqs), np.int32, len(seqs))
+        if lengths.size and int(lengths.max()) + 1 > self.max_context:
+            raise PackageError(f"sequence would exceed the package's max_context {self.max_context}")
         for s in seqs:
-            if s.length + 1 > self.max_context:
-                raise PackageError(f"sequence would exceed the package's max_context {self.max_context}")
             self.pool.reserve(s, s.length + 1)
-        positions = np.stack([self.text_positions(s.length, 1)[:, 0] for s in seqs], axis=1)
         bucket = next((b for b in self.graph_buckets if b >= len(seqs)), None)
         if bucket is None:
+            positions = np.broadcast_to(lengths, (3, lengths.size))  # text: three equal rows
             out = self._call(self._decode_fn, tokens, positions, seqs)
         else:
-            out = self._call_graph(bucket, tokens, positions, seqs)
+            out = self._call_graph(bucket, tokens, lengths, seqs)
         for s in seqs:
             s.length += 1
         return out, len(seqs)
 
-    def _call_graph(self, bucket: int, tokens: np.ndarray, positions: np.ndarray, seqs: list[SequenceCache]):  # noqa: ANN202
-        """Decode through the bucket's CUDA graph; rows past `len(seqs)` are padding."""
-        n, pad = len(seqs), bucket - len(seqs)
+    def _call_graph(self, bucket: int, tokens: np.ndarray, lengths: np.ndarray, seqs: list[SequenceCache]):  # noqa: ANN202
+        """Decode through the bucket's CUDA graph; rows past `len(seqs)` are padding (length 0, the
+        scratch page and slot). The host arrays are the bucket's own, refilled in place: the page
+        table row by row where a sequence's pages changed (`_HostInputs`)."""
         inputs = self._graph_inputs.get(bucket)
         if inputs is None:
             inputs = self._graph_inputs[bucket] = _GraphInputs(bucket, self.max_pages_per_seq, self.device)
-        table = np.full((bucket, self.max_pages_per_seq), self.scratch_page, np.int32)
-        table[:n] = self._page_table(seqs)
-        args = inputs.write(
-            np.concatenate([tokens, np.zeros(pad, np.int32)]),
-            np.concatenate([positions, np.zeros((3, pad), np.int32)], axis=1),
-            table,
-            np.array([s.length for s in seqs] + [0] * pad, np.int32),
-            np.array([s.slot for s in seqs] + [self.scratch_slot] * pad, np.int32),
-        )
+            self._graph_host[bucket] = _HostInputs(bucket, self.max_pages_per_seq, self.scratch_page,
+                                                   self.scratch_slot)
+        args = inputs.write(*self._graph_host[bucket].fill(tokens, lengths, seqs))
         out = self._decode_graph(*args, self.kv_pool, self.gdn_state, self.conv_state, self.params)
         self.kv_pool, self.gdn_state, self.conv_state = out[1], out[2], out[3]
         return out
