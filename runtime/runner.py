@@ -300,8 +300,10 @@ class ModelRunner:
     def _decode(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray):  # noqa: ANN202
         """Run one decode step; `(the function's outputs, rows that are real)`."""
         tokens = np.asarray(tokens, np.int32)
+        if not seqs or tokens.shape != (len(seqs),):
+            raise ValueError(f"decode takes one token per sequence: {len(seqs)} sequences, tokens of shape {tokens.shape}")
         lengths = np.fromiter((s.length for s in seqs), np.int32, len(seqs))
-        if lengths.size and int(lengths.max()) + 1 > self.max_context:
+        if int(lengths.max()) + 1 > self.max_context:
             raise PackageError(f"sequence would exceed the package's max_context {self.max_context}")
         for s in seqs:
             self.pool.reserve(s, s.length + 1)

@@ -56,3 +56,21 @@ def test_engine_takes_the_device_choice_only_for_plain_greedy(make_engine, monke
                                                  ignore_eos=True))
     np.testing.assert_allclose([e.logprob for e in ref if e.token is not None],
                                [e.logprob for e in events if e.token is not None], rtol=1e-4, atol=1e-4)
+
+
+def test_decode_refuses_a_batch_without_one_token_per_sequence(make_runner):
+    """No sequences, or a token count that is not the batch's: a clear error, nothing reserved or advanced."""
+    import pytest
+
+    runner = make_runner(max_active=2)
+    a = runner.pool.acquire()
+    try:
+        runner.prefill(a, [5, 6, 7])
+        pages = list(a.pages)
+        for seqs, tokens in (([], []), ([a], [1, 2]), ([a], [[1]])):
+            with pytest.raises(ValueError, match="one token per sequence"):
+                runner.decode(seqs, tokens)
+        assert a.length == 3 and a.pages == pages
+        assert runner.decode([a], [4]).shape[0] == 1 and a.length == 4
+    finally:
+        runner.pool.release(a)
