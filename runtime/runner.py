@@ -63,73 +63,66 @@ def device_for(manifest: Manifest, device_id: int = 0) -> tvm.runtime.Device:
 
 
 class _GraphInputs:
-    """Decode inputs of one batch bucket at fixed device addresses, which a captured graph reads.
+    """Decode inputs of one batch bucket: host arrays refilled in place each step, and device tensors
+    at fixed addresses, which the bucket's captured graph reads (ids, positions, page table,
+    lengths, slots; rows past the batch are padding: length 0, the scratch page and slot).
 
-    An input equal to what the tensor already holds (the page table between page boundaries, the
-    slot ids of the same sequences) is not copied again. On CUDA the others are queued from
-    page-locked memory without waiting (`uploads.PinnedStager`); elsewhere, or without the driver,
-    each is a synchronous host-to-device copy on the decode step's critical path."""
+    Only what changed is uploaded: the small arrays are compared with what their tensor holds, and
+    a page-table row is rewritten (and the table uploaded) only when its sequence's page list
+    changed: a different list object (pools.py replaces it on release; the row keeps a reference,
+    so no new list can take its identity) or a different length (pools.py only appends). On CUDA
+    uploads are queued from page-locked memory without waiting (`uploads.PinnedStager`);
+    elsewhere, or without the driver, each is a synchronous copy on the step's critical path."""
 
-    def __init__(self, bucket: int, max_pages: int, device: tvm.runtime.Device) -> None:
-        shapes = [(bucket,), (3, bucket), (bucket, max_pages), (bucket,), (bucket,)]  # ids, positions, pages, lens, slots
-        self.tensors = [tvm.runtime.empty(shape, "int32", device) for shape in shapes]
-        self._held: list[np.ndarray | None] = [None] * len(shapes)  # what each tensor holds
+    TABLE = 2  # index of the page table among the inputs
+
+    def __init__(self, bucket: int, max_pages: int, device: tvm.runtime.Device, scratch_page: int,
+                 scratch_slot: int) -> None:
+        self.arrays = [np.zeros(bucket, np.int32), np.zeros((3, bucket), np.int32),
+                       np.full((bucket, max_pages), scratch_page, np.int32), np.zeros(bucket, np.int32),
+                       np.full(bucket, scratch_slot, np.int32)]
+        self.tensors = [tvm.runtime.empty(a.shape, "int32", device) for a in self.arrays]
+        self._held: list[np.ndarray | None] = [None] * len(self.arrays)  # what each small tensor holds
+        self._rows: list[tuple[object, int] | None] = [None] * bucket  # (pages list, its length) per table row
+        self._table_stale = True
+        self._scratch_page, self._scratch_slot = scratch_page, scratch_slot
         kind = "cuda" if device.dlpack_device_type() == KDL_CUDA else str(device.dlpack_device_type())
-        self._stager = stager_for([int(np.prod(shape)) * 4 for shape in shapes], kind)
+        self._stager = stager_for([a.nbytes for a in self.arrays], kind)
 
-    def write(self, *arrays: np.ndarray) -> list[tvm.runtime.Tensor]:
+    def step(self, tokens: np.ndarray, lengths: np.ndarray, seqs: list[SequenceCache]) -> list[tvm.runtime.Tensor]:
+        """The tensors holding this step's inputs (positions of text: the cached length in all three rows)."""
+        ids, positions, table, lens, slots = self.arrays
+        n = len(seqs)
+        ids[:n], ids[n:] = tokens, 0
+        positions[:, :n], positions[:, n:] = lengths, 0
+        lens[:n], lens[n:] = lengths, 0
+        slots[:n], slots[n:] = [s.slot for s in seqs], self._scratch_slot
+        for i, s in enumerate(seqs):
+            row = self._rows[i]
+            if row is None or row[0] is not s.pages or row[1] != len(s.pages):
+                table[i, : len(s.pages)], table[i, len(s.pages):] = s.pages, 0
+                self._rows[i], self._table_stale = (s.pages, len(s.pages)), True
+        for i in range(n, len(self._rows)):
+            if self._rows[i] is not None:
+                table[i], self._rows[i], self._table_stale = self._scratch_page, None, True
         queued = False
-        for i, (tensor, array) in enumerate(zip(self.tensors, arrays, strict=True)):
-            array = np.ascontiguousarray(array, dtype=np.int32)
-            held = self._held[i]
-            if held is not None and np.array_equal(held, array):
+        for i, (tensor, array) in enumerate(zip(self.tensors, self.arrays, strict=True)):
+            if i == self.TABLE:
+                if not self._table_stale:
+                    continue
+                self._table_stale = False
+            elif self._held[i] is not None and np.array_equal(self._held[i], array):
                 continue
+            else:
+                self._held[i] = array.copy()
             if self._stager is not None:
                 self._stager.upload(i, array, tensor.data_ptr())
                 queued = True
             else:
                 tensor.copyfrom(array)
-            self._held[i] = array.copy()
         if queued:
             self._stager.queued()
         return self.tensors
-
-
-class _HostInputs:
-    """One bucket's decode inputs on the host, refilled in place each step (no per-step arrays):
-    ids, positions (text: the cached length in all three rows), page table, lengths, slots.
-    A page-table row (the sequence's pages, then 0; padding rows: the scratch page) is rewritten only
-    when its sequence's page list changed: a different list object (pools.py replaces it on
-    release; the row keeps a reference, so no new list can take its identity) or a different
-    length (pools.py only appends)."""
-
-    def __init__(self, bucket: int, max_pages: int, scratch_page: int, scratch_slot: int) -> None:
-        self.ids = np.zeros(bucket, np.int32)
-        self.positions = np.zeros((3, bucket), np.int32)
-        self.table = np.full((bucket, max_pages), scratch_page, np.int32)
-        self.lens = np.zeros(bucket, np.int32)
-        self.slots = np.full(bucket, scratch_slot, np.int32)
-        self._scratch_page, self._scratch_slot = scratch_page, scratch_slot
-        self._rows: list[tuple[object, int] | None] = [None] * bucket  # (pages list, its length) per row
-
-    def fill(self, tokens: np.ndarray, lengths: np.ndarray, seqs: list[SequenceCache]) -> tuple[np.ndarray, ...]:
-        n = len(seqs)
-        self.ids[:n], self.ids[n:] = tokens, 0
-        self.positions[:, :n], self.positions[:, n:] = lengths, 0
-        self.lens[:n], self.lens[n:] = lengths, 0
-        self.slots[:n] = [s.slot for s in seqs]
-        self.slots[n:] = self._scratch_slot
-        for i, s in enumerate(seqs):
-            row = self._rows[i]
-            if row is None or row[0] is not s.pages or row[1] != len(s.pages):
-                self.table[i, : len(s.pages)] = s.pages
-                self.table[i, len(s.pages):] = 0
-                self._rows[i] = (s.pages, len(s.pages))
-        for i in range(n, len(self._rows)):
-            if self._rows[i] is not None:
-                self.table[i] = self._scratch_page
-                self._rows[i] = None
-        return self.ids, self.positions, self.table, self.lens, self.slots
 
 
 class ModelRunner:
@@ -165,7 +158,6 @@ class ModelRunner:
         self.graph_buckets: list[int] = sorted(graphs["buckets"]) if graphs else []
         self._decode_graph = self.vm[graphs["function"]] if graphs else None
         self._graph_inputs: dict[int, _GraphInputs] = {}
-        self._graph_host: dict[int, _HostInputs] = {}
         scratch = 1 if graphs else 0
         cache = self.manifest.cache
         self.cache_layout = cache
@@ -318,15 +310,12 @@ class ModelRunner:
         return out, len(seqs)
 
     def _call_graph(self, bucket: int, tokens: np.ndarray, lengths: np.ndarray, seqs: list[SequenceCache]):  # noqa: ANN202
-        """Decode through the bucket's CUDA graph; rows past `len(seqs)` are padding (length 0, the
-        scratch page and slot). The host arrays are the bucket's own, refilled in place: the page
-        table row by row where a sequence's pages changed (`_HostInputs`)."""
+        """Decode through the bucket's CUDA graph; rows past `len(seqs)` are padding (`_GraphInputs`)."""
         inputs = self._graph_inputs.get(bucket)
         if inputs is None:
-            inputs = self._graph_inputs[bucket] = _GraphInputs(bucket, self.max_pages_per_seq, self.device)
-            self._graph_host[bucket] = _HostInputs(bucket, self.max_pages_per_seq, self.scratch_page,
-                                                   self.scratch_slot)
-        args = inputs.write(*self._graph_host[bucket].fill(tokens, lengths, seqs))
+            inputs = self._graph_inputs[bucket] = _GraphInputs(bucket, self.max_pages_per_seq, self.device,
+                                                               self.scratch_page, self.scratch_slot)
+        args = inputs.step(tokens, lengths, seqs)
         out = self._decode_graph(*args, self.kv_pool, self.gdn_state, self.conv_state, self.params)
         self.kv_pool, self.gdn_state, self.conv_state = out[1], out[2], out[3]
         return out

@@ -43,12 +43,12 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
                       Q_SCALE: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_T: tl.constexpr,
                       GATE_K: tl.constexpr = 0, GATE_KP: tl.constexpr = 1, PDL: tl.constexpr = False,
                       XQ: tl.constexpr = False, BV: tl.constexpr = 0, GATE_BK: tl.constexpr = 1024,
-                      CHUNK_STAGES: tl.constexpr = 1, PREFETCH: tl.constexpr = False):
+                      PREFETCH: tl.constexpr = False):
     """Program (b, j): value head j of sequence b.
 
     BV = 0: the whole state slice [DK, DV] in registers, loaded before the PDL wait (few programs:
     each needs the most loads in flight). BV > 0 (divides DV): the slice in column chunks of BV,
-    one after another, so a program holds a quarter of the registers and several programs share
+    one after another, so a program holds BV / DV of the state's registers and several programs share
     a multiprocessor (many programs: at batch 8 the whole-slice form runs three waves of one
     program per multiprocessor); the unnormalised output goes to `out` per chunk and is read back
     for the gated norm, and the gate projections are dotted GATE_BK columns at a time (GATE_BK = 0:
@@ -136,7 +136,7 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
         sum_sq = tl.sum(ob * ob, 0)
     else:
         sq = tl.zeros([BV], tl.float32)
-        for c0 in tl.range(0, DV, BV, num_stages=CHUNK_STAGES):
+        for c0 in tl.range(0, DV, BV):
             rc = c0 + tl.arange(0, BV)
             s_ptr = state + base + rk[:, None] * DV + rc[None, :]
             if PREFETCH:
@@ -200,10 +200,9 @@ def shape_for(rows: int | None, dv: int) -> Shape:
 
 def image(hk: int, hv: int, dk: int, dv: int, w_dtype: str, gate_param_dtype: str, arch: str,
           gate_k: int = 0, xq: bool = False, bv: int = 0, num_warps: int = 8,
-          stages: int = 1, gate_bk: int = 1024, prefetch: bool = False) -> KernelImage:
+          gate_bk: int = 1024, prefetch: bool = False) -> KernelImage:
     """The kernel for one model's head geometry and parameter dtypes (`gate_k`: see GATE_K; `xq`: XQ;
-    `bv`: BV, 0 for the whole slice; `stages`: CHUNK_STAGES, the chunk loop's software pipelining;
-    `gate_bk`: GATE_BK; `prefetch`: PREFETCH)."""
+    `bv`: BV, 0 for the whole slice; `gate_bk`: GATE_BK; `prefetch`: PREFETCH)."""
     wt = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
     return compile_kernel(
         gdn_decode_kernel,
@@ -214,7 +213,7 @@ def image(hk: int, hv: int, dk: int, dv: int, w_dtype: str, gate_param_dtype: st
         constants={"HK": hk, "HV": hv, "DK": dk, "DV": dv, "Q_SCALE": dk**-0.5, "L2_EPS": L2_EPS,
                    "SOFTPLUS_T": SOFTPLUS_THRESHOLD, "GATE_K": gate_k,
                    "GATE_KP": triton.next_power_of_2(gate_k) if gate_k else 1, "PDL": True, "XQ": xq, "BV": bv,
-                   "GATE_BK": gate_bk, "CHUNK_STAGES": stages, "PREFETCH": prefetch},
+                   "GATE_BK": gate_bk, "PREFETCH": prefetch},
         arch=arch, num_warps=num_warps, num_stages=1,
     )
 

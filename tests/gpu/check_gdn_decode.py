@@ -8,7 +8,7 @@
 `prepare` compiles the kernel as a 27B package embeds it (16 key / 48 value heads, dk = dv = 128,
 gate projections folded from a 5,120-wide layer input, int8 activations out) in several launch
 shapes (`VARIANTS`: whole state slice per program, or column chunks of BV with so many warps and
-loop stages). `run` launches those cubins through cupy as the package's launcher does, at batches
+what they load ahead). `run` launches those cubins through cupy as the package's launcher does, at batches
 1, 2, 4 and 8: every variant's output, new state and int8 activations on one layer against a
 float64 composition of the unfused ops (all heads), and against the whole-slice variant; then the
 time per launch inside a CUDA graph of 48 launches, each on its own layer's state and gate weights
@@ -36,20 +36,20 @@ CHECK_LAYER = 5
 BATCHES = (1, 2, 4, 8)
 EPS = 1e-6
 STATE_TOL = 1e-3  # new state against float64, relative to its largest element
-# name: (BV (0: the whole slice), warps, chunk loop stages, gate columns per step (0: all, loaded
-# before the wait), prefetch the next chunk)
+# name: (BV (0: the whole slice), warps, gate columns per step (0: all, loaded before the wait),
+# prefetch the next chunk); the package's shapes (gdn_decode_fused.SHAPES) are among them
 VARIANTS = {
-    "whole_w8": (0, 8, 1, 0, False),
-    "c32_w4": (32, 4, 1, 1024, False),
-    "c64_w4": (64, 4, 1, 1024, False),
-    "c64_w4_g2k": (64, 4, 1, 2048, False),
-    "c64_w4_g0": (64, 4, 1, 0, False),
-    "c64_w4_pf": (64, 4, 1, 1024, True),
-    "c64_w4_g0_pf": (64, 4, 1, 0, True),
-    "c64_w8_g0_pf": (64, 8, 1, 0, True),
-    "c32_w4_pf": (32, 4, 1, 1024, True),
-    "c32_w4_g0_pf": (32, 4, 1, 0, True),
-    "c32_w8_g0_pf": (32, 8, 1, 0, True),
+    "whole_w8": (0, 8, 0, False),
+    "c32_w4": (32, 4, 1024, False),
+    "c64_w4": (64, 4, 1024, False),
+    "c64_w4_g2k": (64, 4, 2048, False),
+    "c64_w4_g0": (64, 4, 0, False),
+    "c64_w4_pf": (64, 4, 1024, True),
+    "c64_w4_g0_pf": (64, 4, 0, True),
+    "c64_w8_g0_pf": (64, 8, 0, True),
+    "c32_w4_pf": (32, 4, 1024, True),
+    "c32_w4_g0_pf": (32, 4, 0, True),
+    "c32_w8_g0_pf": (32, 8, 0, True),
 }
 REFERENCE_VARIANT = "whole_w8"
 DEVICE = "cuda"
@@ -64,12 +64,14 @@ def prepare() -> None:
     index = {}
     for old in STAGE.glob("*.cubin"):
         old.unlink()
-    for name, (bv, warps, stages, gate_bk, prefetch) in VARIANTS.items():
-        img = fused.image(HK, HV, DK, DV, "bfloat16", "float32", "sm_90a", GATE_K, True, bv, warps, stages,
-                          gate_bk, prefetch)
+    shipped = {(sh.bv, sh.warps, sh.gate_bk, sh.prefetch) for sh in (fused.shape_for(r, DV) for r in fused.SHAPES)}
+    assert shipped <= set(VARIANTS.values()), f"package shapes not measured here: {shipped - set(VARIANTS.values())}"
+    for name, (bv, warps, gate_bk, prefetch) in VARIANTS.items():
+        img = fused.image(HK, HV, DK, DV, "bfloat16", "float32", "sm_90a", GATE_K, True, bv, warps,
+                          gate_bk=gate_bk, prefetch=prefetch)
         (STAGE / f"{name}.cubin").write_bytes(img.cubin)
         index[name] = {"file": f"{name}.cubin", "name": img.name, "shared": img.shared, "threads": img.threads,
-                       "cfg": [bv, warps, stages, gate_bk, prefetch]}
+                       "cfg": [bv, warps, gate_bk, prefetch]}
         print(f"{name}: shared {img.shared}, threads {img.threads}", flush=True)
     (STAGE / "index.json").write_text(json.dumps(index, indent=1))
     print(f"wrote {len(index)} variants to {STAGE}")

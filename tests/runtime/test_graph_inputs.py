@@ -1,76 +1,62 @@
-"""The CUDA-graph decode inputs: uploaded only when they change (on the host device here)."""
+"""The CUDA-graph decode inputs (`_GraphInputs`): refilled in place, equal to their definition
+every step, and uploaded only when they change (on the host device here)."""
 
 from __future__ import annotations
 
 import numpy as np
 import tvm
 
+from ninfer_runtime.pools import ContextPool, PoolPlan
 from ninfer_runtime.runner import _GraphInputs
 
-
-def _arrays(tokens: list[int], length: int, pages: list[int], slot: int) -> list[np.ndarray]:
-    table = np.zeros((2, 4), np.int32)
-    table[0, : len(pages)] = pages
-    positions = np.full((3, 2), length, np.int32)
-    return [np.array(tokens, np.int32), positions, table, np.array([length, 0], np.int32),
-            np.array([slot, 9], np.int32)]
+SCRATCH_PAGE, SCRATCH_SLOT = 600, 8
 
 
-def test_unchanged_inputs_are_not_uploaded_again_and_changed_ones_are() -> None:
-    inputs = _GraphInputs(2, 4, tvm.cpu())
-    first = _arrays([5, 0], 7, [3], 1)
-    tensors = inputs.write(*first)
-    held = list(inputs._held)
-    for t, a in zip(tensors, first, strict=True):
-        np.testing.assert_array_equal(t.numpy(), a)
-
-    second = _arrays([6, 0], 8, [3], 1)  # new token, position and length; same pages and slot
-    inputs.write(*second)
-    for i, (t, a) in enumerate(zip(tensors, second, strict=True)):
-        np.testing.assert_array_equal(t.numpy(), a)
-        assert (inputs._held[i] is held[i]) == (i in (2, 4)), i  # only the table and the slots were skipped
-
-    third = _arrays([6, 0], 8, [3, 4], 1)  # a page boundary: the table is uploaded again
-    inputs.write(*third)
-    np.testing.assert_array_equal(tensors[2].numpy(), third[2])
-    assert inputs._held[2] is not held[2]
-
-
-def test_a_caller_changing_its_array_in_place_is_still_uploaded() -> None:
-    inputs = _GraphInputs(2, 4, tvm.cpu())
-    arrays = _arrays([5, 0], 7, [3], 1)
-    tensors = inputs.write(*arrays)
-    arrays[2][0, 1] = 8  # the same array object, new contents
-    inputs.write(*arrays)
-    np.testing.assert_array_equal(tensors[2].numpy(), arrays[2])
-
-
-def _reference(tokens, seqs, bucket: int, max_pages: int, scratch_page: int, scratch_slot: int):
+def _reference(tokens, seqs, bucket: int, max_pages: int) -> list[np.ndarray]:
     """The decode graph's inputs as defined: real rows, then padding (length 0, scratch page and slot)."""
     n = len(seqs)
-    table = np.full((bucket, max_pages), scratch_page, np.int32)
+    table = np.full((bucket, max_pages), SCRATCH_PAGE, np.int32)
     for i, s in enumerate(seqs):
         table[i] = 0
         table[i, : len(s.pages)] = s.pages
     lengths = np.array([s.length for s in seqs] + [0] * (bucket - n), np.int32)
     return [np.concatenate([tokens, np.zeros(bucket - n, np.int32)]), np.broadcast_to(lengths, (3, bucket)),
-            table, lengths, np.array([s.slot for s in seqs] + [scratch_slot] * (bucket - n), np.int32)]
+            table, lengths, np.array([s.slot for s in seqs] + [SCRATCH_SLOT] * (bucket - n), np.int32)]
 
 
-def test_host_inputs_follow_appends_releases_reorders_and_shrinking_batches() -> None:
-    """`_HostInputs.fill` refills the bucket's arrays in place and rewrites a page-table row only
-    when its sequence's pages changed; every step it equals the definition above."""
-    from ninfer_runtime.pools import ContextPool, PoolPlan
-    from ninfer_runtime.runner import _HostInputs
+class _CountingStager:
+    """Stands in for the page-locked stager: copies as the plain path does and records what it uploaded."""
 
+    def __init__(self, inputs: _GraphInputs) -> None:
+        self.inputs, self.uploaded, self.steps = inputs, [], 0
+
+    def upload(self, slot: int, array: np.ndarray, device_ptr: int) -> None:
+        assert device_ptr == self.inputs.tensors[slot].data_ptr()
+        self.inputs.tensors[slot].copyfrom(array)
+        self.uploaded.append(slot)
+
+    def queued(self) -> None:
+        self.steps += 1
+
+
+def _pool() -> ContextPool:
+    return ContextPool(PoolPlan(num_pages=SCRATCH_PAGE, num_slots=SCRATCH_SLOT, page_size=4, bytes_per_page=1,
+                                bytes_per_slot=1))
+
+
+def _step(inputs: _GraphInputs, seqs, tokens) -> list[np.ndarray]:
+    lengths = np.array([s.length for s in seqs], np.int32)
+    return [t.numpy() for t in inputs.step(np.asarray(tokens, np.int32), lengths, seqs)]
+
+
+def test_inputs_follow_appends_releases_joins_reorders_and_shrinking_batches() -> None:
     rng = np.random.default_rng(0)
-    pool = ContextPool(PoolPlan(num_pages=600, num_slots=8, page_size=4, bytes_per_page=1, bytes_per_slot=1))
+    pool = _pool()
     bucket, max_pages = 8, 64  # (200 steps of at most 8 sequences fit)
-    host = _HostInputs(bucket, max_pages, scratch_page=600, scratch_slot=8)
+    inputs = _GraphInputs(bucket, max_pages, tvm.cpu(), SCRATCH_PAGE, SCRATCH_SLOT)
     live = [pool.acquire() for _ in range(5)]
     for s in live:
         s.length = int(rng.integers(1, 20))
-        pool.reserve(s, s.length + 1)
     for step in range(200):
         if step % 17 == 5 and len(live) > 1:  # a request finishes; its slot and pages go back
             pool.release(live.pop(int(rng.integers(len(live)))))
@@ -82,10 +68,36 @@ def test_host_inputs_follow_appends_releases_reorders_and_shrinking_batches() ->
             rng.shuffle(live)
         for s in live:
             pool.reserve(s, s.length + 1)
-        tokens = rng.integers(2, 100, len(live)).astype(np.int32)
-        lengths = np.array([s.length for s in live], np.int32)
-        got = host.fill(tokens, lengths, live)
-        for g, w in zip(got, _reference(tokens, live, bucket, max_pages, 600, 8), strict=True):
+        tokens = rng.integers(2, 100, len(live))
+        got = _step(inputs, live, tokens)  # what the device tensors hold
+        for g, w in zip(got, _reference(tokens, live, bucket, max_pages), strict=True):
             np.testing.assert_array_equal(g, w, err_msg=f"step {step}")
         for s in live:
             s.length += 1
+
+
+def test_unchanged_inputs_are_not_uploaded_again_and_changed_ones_are() -> None:
+    pool = _pool()
+    inputs = _GraphInputs(2, 4, tvm.cpu(), SCRATCH_PAGE, SCRATCH_SLOT)
+    spy = inputs._stager = _CountingStager(inputs)
+    a = pool.acquire()
+    a.length = 6
+    pool.reserve(a, 7)
+    _step(inputs, [a], [5])
+    assert sorted(spy.uploaded) == [0, 1, 2, 3, 4] and spy.steps == 1
+    spy.uploaded.clear()
+    a.length = 7  # new token, position and length; same pages and slot
+    _step(inputs, [a], [6])
+    assert sorted(spy.uploaded) == [0, 1, 3]
+    spy.uploaded.clear()
+    a.length = 8
+    pool.reserve(a, 9)  # a page boundary: the table goes up again
+    got = _step(inputs, [a], [6])
+    assert sorted(spy.uploaded) == [1, 2, 3]  # (the same token: ids are skipped)
+    np.testing.assert_array_equal(got[2], _reference([6], [a], 2, 4)[2])
+    spy.uploaded.clear()
+    b = pool.acquire()  # a second sequence joins: the padding row becomes real
+    b.length = 1
+    pool.reserve(b, 2)
+    _step(inputs, [a, b], [6, 7])
+    assert sorted(spy.uploaded) == [0, 1, 2, 3, 4]
