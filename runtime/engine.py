@@ -39,7 +39,7 @@ from .requests import (
     TokenEvent,
     check_request,
 )
-from .runner import ModelRunner
+from .runner import ModelRunner, PendingGreedy
 from .sampling import TokenChoice, sample
 from .scheduler import Scheduler
 from .text import Tokenizer
@@ -50,6 +50,15 @@ __all__ = [
 ]
 
 _log = logging.getLogger("ninfer.engine")
+
+
+@dataclasses.dataclass
+class _QueuedDecode:
+    """A decode step queued on the device whose greedy choices the engine has not read yet."""
+
+    batch: list[Request]
+    fresh: list[bool]  # rows whose choice is a new token (the others recompute known ones)
+    choices: PendingGreedy
 
 
 class Engine:
@@ -89,6 +98,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._metrics = EngineMetrics()
+        self._queued: _QueuedDecode | None = None  # the decode step whose tokens are read next
 
     # -- submitting ---------------------------------------------------------------------------
 
@@ -116,7 +126,7 @@ class Engine:
                                 "requests); try again later")
             handle = RequestHandle(self, request_id or f"req-{next(self._ids)}", len(ids), seed, on_event)
             req = Request(prompt=ids, output=handle.output_ids, arrival=next(self._arrivals), handle=handle,
-                          params=params, sampling=sampling, stop_ids=frozenset(stop_ids),
+                          params=params, sampling=sampling, stop_ids=frozenset(stop_ids), token_limit=self.token_limit,
                           text=TextStream(self.tokenizer, tuple(params.stop_strings), params.skip_special_tokens),
                           deadline=deadline, submitted_at=time.perf_counter())
             self._live += 1
@@ -153,6 +163,7 @@ class Engine:
             self._reap()
             sched = self._scheduler
             if not sched.has_work():
+                self._read_queued()
                 return False
             plan = sched.reserve_decode()
             if plan.preempted:
@@ -168,6 +179,8 @@ class Engine:
                     req.handle.stats.queue_s = now - req.submitted_at
             if plan.batch:
                 self._decode(plan.batch)
+            else:
+                self._read_queued()
             job = sched.next_prefill()
             if job is not None:
                 self._prefill(*job)
@@ -198,14 +211,72 @@ class Engine:
                 self._finish(req, "deadline")
 
     def _decode(self, batch: list[Request]) -> None:
-        tokens = [req.next_input() for req in batch]
-        # plain greedy requests take the device's choice; then no logits cross to the host
-        on_device = all(req.sampling.plain_greedy and req.params.allowed_tokens is None for req in batch)
+        """One decode step for `batch`. Plain greedy batches are queued on the device and their
+        tokens read after the next step is queued (that step takes them on the device where a
+        request looks ahead), so the host's work overlaps the GPU's; other batches run as one
+        synchronous step with the logits on the host."""
+        on_device = self.runner.device_greedy and all(
+            req.sampling.plain_greedy and req.params.allowed_tokens is None for req in batch)
+        if not on_device:
+            self._read_queued()  # every row's token on the host first
+            batch = [req for req in batch if not req.finished]
+            if batch:
+                self._decode_logits(batch)
+            return
+        before, rows, tokens = self._queued, {}, []
+        for i, req in enumerate(batch):
+            token = req.next_input()
+            if token is None:  # the queued step is computing it
+                rows[i] = before.batch.index(req)
+                token = 0
+            tokens.append(token)
+        fresh = [req.cache.length >= req.total_tokens - 1 for req in batch]
         try:
-            if on_device:
-                ids, logprobs = self.runner.decode_greedy([req.cache for req in batch], tokens)
+            choices = self.runner.decode_greedy_async([req.cache for req in batch], tokens,
+                                                      feed=before.choices if rows else None, feed_rows=rows)
+        except Exception as exc:
+            _log.exception("decode step failed")
+            self._read_queued()
+            for req in batch:
+                self._finish(req, "error", error=f"decode failed: {exc}")
+            return
+        for req, new in zip(batch, fresh, strict=True):
+            req.inflight += new
+        self._queued = _QueuedDecode(batch, fresh, choices)
+        if before is not None:
+            self._read(before)
+
+    def _read_queued(self) -> None:
+        queued, self._queued = self._queued, None
+        if queued is not None:
+            self._read(queued)
+
+    def _read(self, queued: _QueuedDecode) -> None:
+        """Take a queued step's tokens (rows finished meanwhile are skipped: what was queued after
+        their last token is discarded)."""
+        try:
+            ids, logprobs = queued.choices.result()
+        except Exception as exc:
+            _log.exception("decode step failed")
+            ids = logprobs = None
+            error = f"decode failed: {exc}"
+        for i, req in enumerate(queued.batch):
+            if not queued.fresh[i]:
+                req.handle.stats.recomputed_tokens += 1
+                self._metrics.add(recomputed_tokens=1)
+                continue
+            req.inflight -= 1
+            if req.finished:
+                continue
+            if ids is None:
+                self._finish(req, "error", error=error)
             else:
-                logits = self.runner.decode([req.cache for req in batch], tokens)
+                self._accept(req, TokenChoice(int(ids[i]), float(logprobs[i])))
+
+    def _decode_logits(self, batch: list[Request]) -> None:
+        tokens = [req.next_input() for req in batch]
+        try:
+            logits = self.runner.decode([req.cache for req in batch], tokens)
         except Exception as exc:
             _log.exception("decode step failed")
             for req in batch:
@@ -215,8 +286,6 @@ class Engine:
             if req.cache.length != req.total_tokens:
                 req.handle.stats.recomputed_tokens += 1
                 self._metrics.add(recomputed_tokens=1)
-            elif on_device:
-                self._accept(req, TokenChoice(int(ids[i]), float(logprobs[i])))
             else:
                 self._sample(req, logits[i])
 
@@ -376,6 +445,7 @@ class Engine:
     def _fail_all(self, message: str) -> None:
         with self._step_lock:
             self._take_inbox()
+            self._queued = None
             for req in self._scheduler.live():
                 self._finish(req, "error", error=message)
 

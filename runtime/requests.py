@@ -231,6 +231,15 @@ class Request(Scheduled):
     first_token_at: float | None = None
     last_token_at: float | None = None
     cancel_requested: bool = False
+    token_limit: int = 0  # prompt + output tokens it may reach (the engine's limit)
+
+    def may_look_ahead(self) -> bool:
+        """A plain greedy request (its token chosen on the device) whose queued token cannot be
+        its last for a known reason (max_tokens, the token limit); a stop token or string is found
+        only when the token is read, and the step queued after it is then discarded."""
+        return (self.sampling.plain_greedy and self.params.allowed_tokens is None and not self.cancel_requested
+                and len(self.output) + self.inflight < self.params.max_tokens
+                and self.total_tokens + self.inflight < self.token_limit)
 
     @property
     def finished(self) -> bool:

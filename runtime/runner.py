@@ -27,7 +27,7 @@ from .package import (
     read_manifest,
 )
 from .pools import ContextPool, PoolPlan, SequenceCache
-from .uploads import stager_for
+from .uploads import DeviceQueue, ReadBack, queue_for, stager_for
 
 GiB = 1 << 30
 AUTO = "auto"
@@ -124,6 +124,47 @@ class _GraphInputs:
             self._stager.queued()
         return self.tensors
 
+    def feed(self, queue: DeviceQueue, src_ptr: int, rows: dict[int, int]) -> None:
+        """Token ids chosen on the device: row `dst` of the ids tensor gets element `rows[dst]` at
+        `src_ptr` (queued after this step's uploads, so it overwrites their placeholders)."""
+        _feed_copies(queue, self.tensors[0].data_ptr(), src_ptr, rows)
+        self._held[0] = None  # the tensor no longer holds what was uploaded
+
+
+def _feed_copies(queue: DeviceQueue, dst_ptr: int, src_ptr: int, rows: dict[int, int]) -> None:
+    """int32 element copies dst[d] = src[rows[d]], one device copy per run of consecutive rows."""
+    items = sorted(rows.items())
+    start = 0
+    for i in range(1, len(items) + 1):
+        if i == len(items) or items[i][0] != items[i - 1][0] + 1 or items[i][1] != items[i - 1][1] + 1:
+            (d0, s0), count = items[start], i - start
+            queue.copy(dst_ptr + 4 * d0, src_ptr + 4 * s0, 4 * count)
+            start = i
+
+
+class PendingGreedy:
+    """A decode step's greedy choices `(token [n] int32, log-probability [n] fp32)`: on the device
+    (`tokens`, which a next step can take as its input without the host) and, once `result()`
+    has waited for the read-back queued behind the step, on the host."""
+
+    def __init__(self, n: int, tokens: tvm.runtime.Tensor, logprobs: tvm.runtime.Tensor,
+                 read_back: ReadBack | None) -> None:
+        self.n, self.tokens = n, tokens
+        self._read_back = read_back
+        # without a read-back queue the arrays are read now, before anything can overwrite them
+        self._result = None if read_back is not None else (tokens.numpy()[:n], logprobs.numpy()[:n])
+
+    @property
+    def on_device(self) -> bool:
+        """Whether `tokens` may still be read on the device (a queued step; not after `result()`)."""
+        return self._read_back is not None and self._result is None
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._result is None:
+            ids, logprobs = self._read_back.wait()
+            self._result, self.tokens = (ids, logprobs), None  # (a later replay may overwrite the tensor)
+        return self._result
+
 
 class ModelRunner:
     """A loaded package, ready to run prefill and decode steps."""
@@ -178,6 +219,9 @@ class ModelRunner:
             (cache.gdn_layers, plan.num_slots + scratch, *cache.gdn_state_per_slot), "float32", self.device)
         self.conv_state = tvm.runtime.empty(
             (cache.gdn_layers, plan.num_slots + scratch, *cache.conv_state_per_slot), cache.conv_dtype, self.device)
+        # greedy choices read back behind their step (two int32/fp32 arrays of the largest batch)
+        kind = "cuda" if self.device.dlpack_device_type() == KDL_CUDA else str(self.device.dlpack_device_type())
+        self._queue = queue_for(2 * 16 * -(-4 * limits["max_batch"] // 16), kind) if self.device_greedy else None
 
     def _context_budget(self) -> tuple[int, str]:
         """The pool's byte budget and whether it was given ("explicit") or planned ("auto")."""
@@ -222,10 +266,14 @@ class ModelRunner:
         """MRoPE positions of plain text: three equal rows."""
         return np.broadcast_to(np.arange(start, start + count, dtype=np.int32), (3, count)).copy()
 
-    def _call(self, fn, tokens: np.ndarray, positions: np.ndarray, seqs: list[SequenceCache]):  # noqa: ANN202
+    def _call(self, fn, tokens: np.ndarray, positions: np.ndarray, seqs: list[SequenceCache],  # noqa: ANN202
+              feed: tuple[PendingGreedy, dict[int, int]] | None = None):
         """The entry function's outputs (device tensors; the caches are taken over)."""
+        ids = self._tensor(tokens.astype(np.int32))
+        if feed is not None:
+            _feed_copies(self._queue, ids.data_ptr(), feed[0].tokens.data_ptr(), feed[1])
         out = fn(
-            self._tensor(tokens.astype(np.int32)),
+            ids,
             self._tensor(positions.astype(np.int32)),
             self._tensor(self._page_table(seqs)),
             self._tensor(np.array([s.length for s in seqs], np.int32)),
@@ -274,14 +322,41 @@ class ModelRunner:
         """One new token for each sequence; each row's greedy choice `(token [n] int32, its
         log-probability [n] fp32)`. Packages that choose on the device copy only these 8 bytes
         per sequence; older ones fall back to the logits (same result)."""
-        out, n = self._decode(seqs, tokens)
         if self.device_greedy:
-            return out[4].numpy()[:n], out[5].numpy()[:n]
+            return self.decode_greedy_async(seqs, tokens).result()
+        out, n = self._decode(seqs, tokens)
         logits = out[0].numpy()[:n].astype(np.float64)
         token = np.argmax(logits, axis=-1).astype(np.int32)  # ties -> lowest id
         top = logits.max(axis=-1)
         lse = top + np.log(np.exp(logits - top[:, None]).sum(axis=-1))
         return token, (logits[np.arange(n), token] - lse).astype(np.float32)
+
+    def decode_greedy_async(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray, *,
+                            feed: PendingGreedy | None = None, feed_rows: dict[int, int] | None = None,
+                            ) -> PendingGreedy:
+        """Queue one decode step and return without waiting for it (on CUDA; elsewhere the step
+        has run when this returns). Row `i` in `feed_rows` takes as its token the greedy choice of
+        row `feed_rows[i]` of the step `feed` (its entry in `tokens` is ignored): on the device
+        while `feed` is still queued, so a loop can queue step n + 1 before reading step n."""
+        if not self.device_greedy:
+            raise PackageError("this package does not choose greedy tokens on the device (recompile it)")
+        tokens = np.array(tokens, np.int32)
+        rows = dict(feed_rows or {})
+        if feed is not None and rows:
+            if not all(0 <= d < len(seqs) and 0 <= r < feed.n for d, r in rows.items()):
+                raise ValueError(f"feed rows {rows} are outside the batch ({len(seqs)}) or the fed step ({feed.n})")
+            if not (feed.on_device and self._queue is not None):
+                ids, _ = feed.result()
+                for d, r in rows.items():
+                    tokens[d] = ids[r]
+                feed = None
+        else:
+            feed = None
+        out, n = self._decode(seqs, tokens, None if feed is None else (feed, rows))
+        read_back = None
+        if self._queue is not None:
+            read_back = self._queue.read_back([(out[4].data_ptr(), n, np.int32), (out[5].data_ptr(), n, np.float32)])
+        return PendingGreedy(n, out[4], out[5], read_back)
 
     @property
     def device_greedy(self) -> bool:
@@ -289,7 +364,8 @@ class ModelRunner:
         outputs = self.manifest.raw.get("functions", {}).get("decode", {}).get("outputs", [])
         return "greedy_token" in outputs
 
-    def _decode(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray):  # noqa: ANN202
+    def _decode(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray,  # noqa: ANN202
+                feed: tuple[PendingGreedy, dict[int, int]] | None = None):
         """Run one decode step; `(the function's outputs, rows that are real)`."""
         tokens = np.asarray(tokens, np.int32)
         if not seqs or tokens.shape != (len(seqs),):
@@ -302,20 +378,23 @@ class ModelRunner:
         bucket = next((b for b in self.graph_buckets if b >= len(seqs)), None)
         if bucket is None:
             positions = np.broadcast_to(lengths, (3, lengths.size))  # text: three equal rows
-            out = self._call(self._decode_fn, tokens, positions, seqs)
+            out = self._call(self._decode_fn, tokens, positions, seqs, feed)
         else:
-            out = self._call_graph(bucket, tokens, lengths, seqs)
+            out = self._call_graph(bucket, tokens, lengths, seqs, feed)
         for s in seqs:
             s.length += 1
         return out, len(seqs)
 
-    def _call_graph(self, bucket: int, tokens: np.ndarray, lengths: np.ndarray, seqs: list[SequenceCache]):  # noqa: ANN202
+    def _call_graph(self, bucket: int, tokens: np.ndarray, lengths: np.ndarray, seqs: list[SequenceCache],  # noqa: ANN202
+                    feed: tuple[PendingGreedy, dict[int, int]] | None = None):
         """Decode through the bucket's CUDA graph; rows past `len(seqs)` are padding (`_GraphInputs`)."""
         inputs = self._graph_inputs.get(bucket)
         if inputs is None:
             inputs = self._graph_inputs[bucket] = _GraphInputs(bucket, self.max_pages_per_seq, self.device,
                                                                self.scratch_page, self.scratch_slot)
         args = inputs.step(tokens, lengths, seqs)
+        if feed is not None:
+            inputs.feed(self._queue, feed[0].tokens.data_ptr(), feed[1])
         out = self._decode_graph(*args, self.kv_pool, self.gdn_state, self.conv_state, self.params)
         self.kv_pool, self.gdn_state, self.conv_state = out[1], out[2], out[3]
         return out

@@ -34,6 +34,11 @@ class Scheduled:
     arrival: int
     cache: SequenceCache | None = None
     preemptions: int = 0
+    inflight: int = 0  # decode steps queued on the device whose new token is not read yet (0 or 1)
+
+    def may_look_ahead(self) -> bool:
+        """Whether a decode may be queued on the token still being computed (the engine decides)."""
+        return False
 
     @property
     def total_tokens(self) -> int:
@@ -49,18 +54,26 @@ class Scheduled:
 
     @property
     def decode_ready(self) -> bool:
-        """Running, prompt done, and a known token not yet in the cache (the last sampled one,
-        or an output token being replayed after a preemption)."""
-        return self.cache is not None and len(self.prompt) <= self.cache.length < self.total_tokens
+        """Running, prompt done, and a token not yet in the cache: a known one (the last sampled
+        one, or an output token being replayed after a preemption), or the one a queued step is
+        computing where the request may look ahead."""
+        if self.cache is None or self.cache.length < len(self.prompt):
+            return False
+        if self.cache.length < self.total_tokens:
+            return True
+        return self.inflight == 1 and self.cache.length == self.total_tokens and self.may_look_ahead()
 
     @property
     def replaying(self) -> bool:
         """The next decode recomputes an already emitted token (its logits are discarded)."""
         return self.cache is not None and self.cache.length < self.total_tokens - 1
 
-    def next_input(self) -> int:
+    def next_input(self) -> int | None:
+        """The token the next step feeds; None: the one a queued step is computing."""
         at = self.cached_tokens
-        return self.prompt[at] if at < len(self.prompt) else self.output[at - len(self.prompt)]
+        if at < len(self.prompt):
+            return self.prompt[at]
+        return self.output[at - len(self.prompt)] if at < self.total_tokens else None
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The decode graph's small inputs uploaded without a blocking copy each.
+"""The decode step's small transfers queued on the stream instead of blocking copies.
 
 Why: TVM's `Tensor.copyfrom` is a synchronous `cudaMemcpy` from pageable memory followed by a
 stream synchronisation: 30-80 us of host time per array on the H200 machine, and a decode step
@@ -8,8 +8,14 @@ idles. Here each input has a slot of page-locked host memory and its copy is que
 runs after the copies and the host does not wait for them. A slot is written again only after the
 copies queued from it have run (an event recorded after them).
 
+The same holds the other way (`DeviceQueue`): a step's greedy choices are copied into
+page-locked memory behind the step and read when the host needs them (an event per read-back
+slot), and a token the previous step chose on the device is copied into the next step's input on
+the device, so a generation loop can queue step n + 1 before it reads step n's tokens.
+
 Only the CUDA driver is used (`libcuda`, through ctypes); where it or page-locked memory is not
-available, or `NINFER_PINNED_UPLOADS=0`, `stager_for` returns None and the caller copies as before.
+available, or `NINFER_PINNED_UPLOADS=0`, `stager_for` and `queue_for` return None and the caller
+copies as before (synchronously).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ class _Driver:
         for name, args in (("cuMemHostAlloc", [ctypes.POINTER(vp), sz, ctypes.c_uint]),
                            ("cuMemFreeHost", [vp]),
                            ("cuMemcpyHtoDAsync_v2", [u64, vp, sz, vp]),
+                           ("cuMemcpyDtoHAsync_v2", [vp, u64, sz, vp]),
+                           ("cuMemcpyDtoDAsync_v2", [u64, u64, sz, vp]),
                            ("cuEventCreate", [ctypes.POINTER(vp), ctypes.c_uint]),
                            ("cuEventRecord", [vp, vp]),
                            ("cuEventSynchronize", [vp]),
@@ -60,37 +68,49 @@ def _load_driver() -> _Driver | None:
         return None
 
 
-class PinnedStager:
-    """Page-locked slots of `sizes[i]` bytes; `upload(i, array, device_ptr)` queues a copy of
-    `array` from slot i to `device_ptr`; `queued()` marks the end of one step's copies."""
+class _Pinned:
+    """`nbytes` of page-locked memory and `events` events of the context current at creation
+    (freed when the object is collected); calls rebind that context where another one is current."""
 
-    def __init__(self, sizes: list[int], driver: _Driver) -> None:
-        self._driver, self._sizes = driver, list(sizes)
-        self._offsets = np.concatenate([[0], np.cumsum([-(-s // 64) * 64 for s in sizes])]).astype(int)
+    def __init__(self, driver: _Driver, nbytes: int, events: int) -> None:
+        self._driver = driver
         ctx = ctypes.c_void_p()
         driver("cuCtxGetCurrent", ctypes.byref(ctx))
         if not ctx.value:
             raise DriverError("no current CUDA context")
         self._ctx = ctx
         base = ctypes.c_void_p()
-        driver("cuMemHostAlloc", ctypes.byref(base), int(self._offsets[-1]), 0)
+        driver("cuMemHostAlloc", ctypes.byref(base), nbytes, 0)
         self._base = base.value
-        event = ctypes.c_void_p()
+        self._events: list[ctypes.c_void_p] = []
         try:
-            driver("cuEventCreate", ctypes.byref(event), EVENT_DISABLE_TIMING)
+            for _ in range(events):
+                event = ctypes.c_void_p()
+                driver("cuEventCreate", ctypes.byref(event), EVENT_DISABLE_TIMING)
+                self._events.append(event)
         except DriverError:
-            driver("cuMemFreeHost", ctypes.c_void_p(self._base))
+            _free(driver, self._base, [e.value for e in self._events])
             raise
-        self._event = event
-        self._pending = False  # copies queued since the event was last waited for
-        self._memory = (ctypes.c_uint8 * int(self._offsets[-1])).from_address(self._base)
-        weakref.finalize(self, _release, driver, self._base, event.value)
+        self._memory = (ctypes.c_uint8 * nbytes).from_address(self._base)
+        weakref.finalize(self, _free, driver, self._base, [e.value for e in self._events])
 
     def _current(self) -> None:
         ctx = ctypes.c_void_p()
         self._driver("cuCtxGetCurrent", ctypes.byref(ctx))
         if ctx.value != self._ctx.value:  # (another thread: TVM binds the context per call)
             self._driver("cuCtxSetCurrent", self._ctx)
+
+
+class PinnedStager(_Pinned):
+    """Page-locked slots of `sizes[i]` bytes; `upload(i, array, device_ptr)` queues a copy of
+    `array` from slot i to `device_ptr`; `queued()` marks the end of one step's copies."""
+
+    def __init__(self, sizes: list[int], driver: _Driver) -> None:
+        self._sizes = list(sizes)
+        self._offsets = np.concatenate([[0], np.cumsum([-(-s // 64) * 64 for s in sizes])]).astype(int)
+        super().__init__(driver, int(self._offsets[-1]), 1)
+        self._event = self._events[0]
+        self._pending = False  # copies queued since the event was last waited for
 
     def upload(self, slot: int, array: np.ndarray, device_ptr: int) -> None:
         array = np.ascontiguousarray(array)
@@ -112,21 +132,105 @@ class PinnedStager:
         self._pending = True
 
 
-def _release(driver: _Driver, base: int, event: int) -> None:
+class ReadBack:
+    """One queued read-back: `wait()` returns its arrays once the copies have run."""
+
+    def __init__(self, queue: DeviceQueue, slot: int, shapes: list[tuple[int, np.dtype]]) -> None:
+        self._queue, self._slot, self._shapes = queue, slot, shapes
+        self._arrays: list[np.ndarray] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._arrays is not None
+
+    def wait(self) -> list[np.ndarray]:
+        if self._arrays is None:
+            self._arrays = self._queue._collect(self._slot, self._shapes)
+        return self._arrays
+
+
+class DeviceQueue(_Pinned):
+    """Copies on the legacy default stream, behind the work queued before them: device to device
+    (`copy`), and device to page-locked host memory (`read_back`, `slots` of `slot_bytes` used
+    in turn, each with its event; a slot is reused only after what was read into it is taken)."""
+
+    def __init__(self, driver: _Driver, slot_bytes: int, slots: int = 4) -> None:
+        self._slot_bytes = -(-slot_bytes // 64) * 64
+        super().__init__(driver, self._slot_bytes * slots, slots)
+        self._owners: list[ReadBack | None] = [None] * slots
+        self._next = 0
+
+    def copy(self, dst_ptr: int, src_ptr: int, nbytes: int) -> None:
+        """Queue a device-to-device copy."""
+        self._current()
+        self._driver("cuMemcpyDtoDAsync_v2", ctypes.c_uint64(dst_ptr), ctypes.c_uint64(src_ptr), nbytes,
+                     LEGACY_STREAM)
+
+    def read_back(self, sources: list[tuple[int, int, np.dtype]]) -> ReadBack:
+        """Queue copies of `(device_ptr, count, dtype)` arrays into the next slot; the caller keeps
+        the source memory unchanged until they have run (the stream's order does that for a step's
+        outputs)."""
+        shapes = [(count, np.dtype(dtype)) for _, count, dtype in sources]
+        if sum(c * d.itemsize for c, d in shapes) > self._slot_bytes:
+            raise ValueError(f"read-back of {sum(c * d.itemsize for c, d in shapes)} bytes does not fit "
+                             f"a {self._slot_bytes}-byte slot")
+        slot = self._next
+        self._next = (slot + 1) % len(self._owners)
+        owner = self._owners[slot]
+        if owner is not None and not owner.done:
+            owner.wait()  # (its arrays leave the slot before new ones land there)
+        self._current()
+        at = self._base + slot * self._slot_bytes
+        for (ptr, count, _), (_, dtype) in zip(sources, shapes, strict=True):
+            nbytes = count * dtype.itemsize
+            self._driver("cuMemcpyDtoHAsync_v2", ctypes.c_void_p(at), ctypes.c_uint64(ptr), nbytes, LEGACY_STREAM)
+            at += -(-nbytes // 16) * 16
+        self._driver("cuEventRecord", self._events[slot], LEGACY_STREAM)
+        ticket = self._owners[slot] = ReadBack(self, slot, shapes)
+        return ticket
+
+    def _collect(self, slot: int, shapes: list[tuple[int, np.dtype]]) -> list[np.ndarray]:
+        self._current()
+        self._driver("cuEventSynchronize", self._events[slot])
+        out, at = [], slot * self._slot_bytes
+        for count, dtype in shapes:
+            nbytes = count * dtype.itemsize
+            out.append(np.frombuffer(self._memory, dtype=dtype, count=count, offset=at).copy())
+            at += -(-nbytes // 16) * 16
+        return out
+
+
+def _free(driver: _Driver, base: int, events: list[int]) -> None:
     try:
-        driver("cuEventSynchronize", ctypes.c_void_p(event))
-        driver("cuEventDestroy_v2", ctypes.c_void_p(event))
+        for event in events:
+            driver("cuEventSynchronize", ctypes.c_void_p(event))
+            driver("cuEventDestroy_v2", ctypes.c_void_p(event))
         driver("cuMemFreeHost", ctypes.c_void_p(base))
     except DriverError:  # (at interpreter exit the context may be gone already)
         pass
 
 
+def _enabled(device_kind: str) -> _Driver | None:
+    if device_kind != "cuda" or os.environ.get("NINFER_PINNED_UPLOADS", "1") == "0":
+        return None
+    return _load_driver()
+
+
+def queue_for(slot_bytes: int, device_kind: str) -> DeviceQueue | None:
+    """A queue for CUDA devices, or None (read synchronously): as `stager_for`."""
+    driver = _enabled(device_kind)
+    if driver is None:
+        return None
+    try:
+        return DeviceQueue(driver, slot_bytes)
+    except DriverError:
+        return None
+
+
 def stager_for(sizes: list[int], device_kind: str) -> PinnedStager | None:
     """A stager for CUDA devices, or None (copy with `Tensor.copyfrom`): another device, no driver,
     no page-locked memory, or NINFER_PINNED_UPLOADS=0."""
-    if device_kind != "cuda" or os.environ.get("NINFER_PINNED_UPLOADS", "1") == "0":
-        return None
-    driver = _load_driver()
+    driver = _enabled(device_kind)
     if driver is None:
         return None
     try:

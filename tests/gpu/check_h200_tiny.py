@@ -245,6 +245,7 @@ def run_inner(stage: Path, out: Path) -> int:
                 "batched": r["batched_rel"] <= (1e-5 if dtype == "float32" else 2e-2),
                 "teacher": r["teacher_ok"],
                 "greedy_graph_eq_eager": outs[True]["greedy"] == outs[False]["greedy"],
+                "queued_eq_sync": r["queued_eq_sync"] and r["queued_device_feed"],
             }
             if dtype == "float32":
                 checks["greedy_eq_hf"] = r["greedy"] == ref["greedy"].tolist()
@@ -335,6 +336,42 @@ def _exercise(runner, ref) -> dict:
     for s in seqs:
         runner.pool.release(s)
     r["batched_rel"] = _rel(together, np.stack(alone))
+    # greedy generation with queued steps (step n + 1 queued before step n is read, its tokens taken
+    # on the device, the choices read back behind each step), 3 sequences at once: the same tokens
+    # as each sequence's synchronous steps
+    sync = []
+    for p in prompts:
+        seq = runner.pool.acquire()
+        chain = [int(runner.prefill(seq, p).argmax())]
+        for _ in range(STEPS - 1):
+            chain.append(int(runner.decode_greedy([seq], [chain[-1]])[0][0]))
+        runner.pool.release(seq)
+        sync.append(chain)
+    seqs = [runner.pool.acquire() for _ in prompts]
+    firsts = [int(runner.prefill(s, p).argmax()) for s, p in zip(seqs, prompts, strict=True)]
+    queued, pending = [[t] for t in firsts], runner.decode_greedy_async(seqs, firsts)
+    for _ in range(STEPS - 1):
+        after = None if len(queued[0]) == STEPS - 1 else runner.decode_greedy_async(
+            seqs, [0] * 3, feed=pending, feed_rows={0: 0, 1: 1, 2: 2})
+        for chain, t in zip(queued, pending.result()[0], strict=True):
+            chain.append(int(t))
+        pending = after
+    for s in seqs:
+        runner.pool.release(s)
+    # the same three together, each step waited for (tells a feed problem from a batch effect)
+    seqs = [runner.pool.acquire() for _ in prompts]
+    together = [[int(runner.prefill(s, p).argmax())] for s, p in zip(seqs, prompts, strict=True)]
+    for _ in range(STEPS - 1):
+        for chain, t in zip(together, runner.decode_greedy(seqs, [c[-1] for c in together])[0], strict=True):
+            chain.append(int(t))
+    for s in seqs:
+        runner.pool.release(s)
+    r["queued_chains"], r["sync_chains"], r["sync_together_chains"] = queued, sync, together
+    r["queued_eq_sync"] = queued == together
+    # (alone vs together is batch invariance, exact only where the kernels do not depend on the
+    # row count: fp32; bf16 packages pick other GEMV / GDN-step shapes by rows, equal to rounding)
+    r["alone_eq_together"] = sync == together
+    r["queued_device_feed"] = bool(getattr(runner, "_queue", None) is not None)
     # decode step time, batch 1 and 4 (host copies and the logits download included)
     for batch in (1, 4):
         seqs = [runner.pool.acquire() for _ in range(batch)]

@@ -86,7 +86,7 @@ def host_phases(runner, step_fn, seqs, tokens, steps: int = 30) -> dict:  # noqa
     import ninfer_runtime.runner as rmod
 
     spent = {"write": 0.0, "call": 0.0, "queued": 0.0}
-    write, call, decode = rmod._GraphInputs.write, runner._decode_graph, runner._decode
+    write, call, decode = rmod._GraphInputs.step, runner._decode_graph, runner._decode
 
     def timed(key, fn):  # noqa: ANN001, ANN202
         def wrapper(*a):  # noqa: ANN002, ANN202
@@ -97,7 +97,7 @@ def host_phases(runner, step_fn, seqs, tokens, steps: int = 30) -> dict:  # noqa
                 spent[key] += time.perf_counter() - t
         return wrapper
 
-    rmod._GraphInputs.write = timed("write", write)
+    rmod._GraphInputs.step = timed("write", write)
     runner._decode_graph = timed("call", call)
     runner._decode = timed("queued", decode)
     walls = []
@@ -107,10 +107,15 @@ def host_phases(runner, step_fn, seqs, tokens, steps: int = 30) -> dict:  # noqa
             step_fn(seqs, tokens())
             walls.append(time.perf_counter() - t)
     finally:
-        rmod._GraphInputs.write = write
+        rmod._GraphInputs.step = write
         runner._decode_graph = call
         del runner._decode  # back to the class's method
-    return {"wall_us": statistics.median(walls) * 1e6, **{f"{k}_us": v / steps * 1e6 for k, v in spent.items()}}
+    result = {"wall_us": statistics.median(walls) * 1e6, **{f"{k}_us": v / steps * 1e6 for k, v in spent.items()}}
+    if runner.device_greedy:  # greedy generation as the engine queues it (`ninfer bench`'s step)
+        from ninfer_runtime.bench import queued_step_seconds
+
+        result["queued_wall_us"] = statistics.median(queued_step_seconds(runner, seqs, tokens(), steps) for _ in range(3)) * 1e6
+    return result
 
 
 def trace_package(pkg: Path, artifact: Path, concurrency: list[int], n_steps: int) -> dict:
@@ -165,7 +170,9 @@ def table(name: str, c: str, entry: dict) -> str:
              f"{entry['kernels_per_step']} kernels",
              f"host to host (untraced) {host['wall_us'] / 1e3:.3f} ms: queued after {host['queued_us']:.1f} us "
              f"(input upload {host['write_us']:.1f} us, graph call {host['call_us']:.1f} us), the rest waits "
-             "for the GPU and reads the tokens back",
+             "for the GPU and reads the tokens back"
+             + (f"; queued steps (step n + 1 queued before step n is read) {host['queued_wall_us'] / 1e3:.3f} ms"
+                if "queued_wall_us" in host else ""),
              f"{'kernel kind':<60} {'n':>4} {'dur us':>9} {'us/launch':>9} {'advance us':>10} {'share':>6} "
              f"{'lead us':>8} {'idle us':>8}"]
     rows = sorted(med["kinds"].items(), key=lambda kv: -kv[1]["advance"])

@@ -17,11 +17,12 @@ def test_bench_table_and_json(tiny_package, tmp_path):
     report = json.loads(out.read_text())
     assert report["prompt_len"] == 100 and report["prefill_tok_s"] > 0 and report["copy_gb_s"] > 0
     assert [r["concurrency"] for r in report["decode"]] == [1, 3]
+    assert report["decode_loop"] == "queued" and report["decode_readback"] == "tokens"
     for row in report["decode"]:
-        assert row["step_ms"] > 0
+        assert row["step_ms"] > 0 and row["sync_step_ms"] > 0
         assert abs(row["aggregate_tok_s"] - row["concurrency"] * row["per_request_tok_s"]) < 1e-6 * row["aggregate_tok_s"]
         assert 0 < row["roofline_fraction"]
-    assert "of roofline" in result.stdout and "prefill  100 tokens" in result.stdout
+    assert "of roofline" in result.stdout and "prefill  100 tokens" in result.stdout and "sync ms" in result.stdout
 
 
 def test_bench_errors(tiny_package):

@@ -34,16 +34,16 @@ def test_decode_greedy_is_the_argmax_of_the_same_step(make_runner):
 def test_engine_takes_the_device_choice_only_for_plain_greedy(make_engine, monkeypatch):
     engine = make_engine()
     calls = {"greedy": 0, "logits": 0}
-    decode, decode_greedy = engine.runner.decode, engine.runner.decode_greedy
+    decode, decode_greedy = engine.runner.decode, engine.runner.decode_greedy_async
 
     def counted(name, fn):
-        def call(*args):
+        def call(*args, **kwargs):
             calls[name] += 1
-            return fn(*args)
+            return fn(*args, **kwargs)
         return call
 
     monkeypatch.setattr(engine.runner, "decode", counted("logits", decode))
-    monkeypatch.setattr(engine.runner, "decode_greedy", counted("greedy", decode_greedy))
+    monkeypatch.setattr(engine.runner, "decode_greedy_async", counted("greedy", decode_greedy))
     prompt = prompts((12,), seed=6)[0]
     plain = tokens_of(alone(engine, prompt, GenerationParams(max_tokens=8, sampling=GREEDY, ignore_eos=True)))
     assert calls == {"greedy": 7, "logits": 0}  # the first token comes from prefill's logits

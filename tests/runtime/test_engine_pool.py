@@ -63,17 +63,44 @@ def test_model_failure_fails_the_batch_and_the_engine_keeps_serving(make_engine,
     a, b = prompts((8, 12))
     params = GenerationParams(max_tokens=6, sampling=GREEDY, ignore_eos=True)
     expected = tokens_of(alone(engine, a, params))
-    original, original_greedy = engine.runner.decode, engine.runner.decode_greedy
-    lost = lambda seqs, toks: (_ for _ in ()).throw(RuntimeError("device lost"))  # noqa: E731
+    original, original_queued = engine.runner.decode, engine.runner.decode_greedy_async
+    lost = lambda seqs, toks, **kw: (_ for _ in ()).throw(RuntimeError("device lost"))  # noqa: E731
     monkeypatch.setattr(engine.runner, "decode", lost)
-    monkeypatch.setattr(engine.runner, "decode_greedy", lost)
+    monkeypatch.setattr(engine.runner, "decode_greedy_async", lost)
     handles = [engine.submit(p, params) for p in (a, b)]
     engine.run_until_idle()
     assert [h.finish_reason for h in handles] == ["error", "error"]
     assert "device lost" in handles[0].error
     engine.pool.check_all_free()
     monkeypatch.setattr(engine.runner, "decode", original)
-    monkeypatch.setattr(engine.runner, "decode_greedy", original_greedy)
+    monkeypatch.setattr(engine.runner, "decode_greedy_async", original_queued)
+    assert tokens_of(alone(engine, a, params)) == expected
+
+    # a step that was queued fine but whose tokens cannot be read: its requests fail, later ones run
+    class Unreadable:
+        def __init__(self, pending) -> None:
+            self.pending, self.n = pending, pending.n
+
+        @property
+        def on_device(self) -> bool:
+            return False
+
+        def result(self):
+            raise RuntimeError("read-back failed")
+
+    calls = []
+
+    def unreadable_third(seqs, toks, **kw):
+        calls.append(len(seqs))
+        pending = original_queued(seqs, toks, **kw)
+        return Unreadable(pending) if len(calls) == 3 else pending
+
+    monkeypatch.setattr(engine.runner, "decode_greedy_async", unreadable_third)
+    handle = engine.submit(a, params)
+    engine.run_until_idle()
+    assert handle.finish_reason == "error" and "read-back failed" in handle.error
+    assert handle.output_ids == expected[:3]  # the prefill's token and the first two steps'
+    engine.pool.check_all_free()
     assert tokens_of(alone(engine, a, params)) == expected
 
 
