@@ -50,6 +50,7 @@ class BenchReport:
     decode_readback: str = "logits"
     # how `step_ms` was measured: "queued" (step n + 1 queued before step n is read) or "synchronous"
     decode_loop: str = "synchronous"
+    decode_context: int = 0  # tokens each decode sequence held before its timed steps
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -59,7 +60,8 @@ class BenchReport:
             f"package {self.package}  target {self.target}  weights read per decode step {self.weight_bytes / 1e9:.3f} GB  "
             f"copy bandwidth {self.copy_gb_s:.1f} GB/s (measured)",
             f"prefill  {self.prompt_len} tokens: {self.prefill_ms:.2f} ms, {self.prefill_tok_s:.1f} tok/s"
-            f"  (decode steps read back: {self.decode_readback}; step ms: {self.decode_loop} steps)",
+            f"  (decode from {self.decode_context} cached tokens; steps read back: {self.decode_readback}; "
+            f"step ms: {self.decode_loop} steps)",
             f"{'concurrency':>11} {'step ms':>9} {'tok/s/req':>10} {'tok/s total':>12} {'weights GB/s':>13} {'of roofline':>12}"
             f" {'sync ms':>9}",
         ]
@@ -107,14 +109,20 @@ def copy_bandwidth(runner: ModelRunner, nbytes: int = 1 << 30, repeats: int = 5)
 
 
 def run_bench(runner: ModelRunner, *, prompt_len: int, decode_tokens: int, concurrency: list[int], repeats: int = 3,
-              warmup: int = 1, copy_bytes: int | None = None, seed: int = 0) -> BenchReport:
+              warmup: int = 1, copy_bytes: int | None = None, seed: int = 0, decode_context: int = 64) -> BenchReport:
     rng = np.random.default_rng(seed)
     vocab = min(runner.manifest.raw["model"]["vocab_size"], 1 << 15)
+    if prompt_len + 1 > runner.max_context:
+        raise ValueError(f"--prompt-len {prompt_len} does not fit the package's max_context {runner.max_context}")
+    queued = runner.device_greedy
+    steps_per_sequence = warmup + decode_tokens * (1 + (repeats if queued else 0))
+    context = decode_context
+    if context < 1 or context + steps_per_sequence + 1 > runner.max_context:
+        raise ValueError(f"--decode-context {decode_context} plus {steps_per_sequence} decode steps (--decode-tokens "
+                         f"{decode_tokens}, {repeats} repeats) do not fit the package's max_context {runner.max_context}")
     weight_bytes = decode_weight_bytes(runner)
     # several times any cache: 1 GiB on a GPU, 256 MiB on a host CPU
     copy = copy_bandwidth(runner, copy_bytes or (1 << 30 if runner.manifest.target["device"] == "cuda" else 1 << 28))
-    if prompt_len + 1 > runner.max_context:
-        raise ValueError(f"--prompt-len {prompt_len} does not fit the package's max_context {runner.max_context}")
 
     def prefill_once() -> float:
         seq = runner.pool.acquire()
@@ -131,16 +139,11 @@ def run_bench(runner: ModelRunner, *, prompt_len: int, decode_tokens: int, concu
     for _ in range(warmup):
         prefill_once()
     prefill = statistics.median(prefill_once() for _ in range(repeats))
-    queued = runner.device_greedy
     report = BenchReport(str(runner.package), runner.manifest.target["name"], weight_bytes, copy, prompt_len,
                          prefill * 1e3, prompt_len / prefill, repeats=repeats,
                          decode_readback="tokens" if queued else "logits",
-                         decode_loop="queued" if queued else "synchronous")
+                         decode_loop="queued" if queued else "synchronous", decode_context=decode_context)
     step_fn = runner.decode_greedy if queued else runner.decode
-    steps_per_sequence = warmup + decode_tokens * (1 + (repeats if queued else 0))
-    context = min(64, runner.max_context - steps_per_sequence - 1)
-    if context < 1:
-        raise ValueError(f"--decode-tokens {decode_tokens} does not fit the package's max_context {runner.max_context}")
     for c in concurrency:
         if c > runner.pool.plan.num_slots:
             raise ValueError(f"concurrency {c} exceeds the runner's {runner.pool.plan.num_slots} sequence slots")

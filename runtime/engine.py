@@ -8,9 +8,11 @@
 `submit` validates and queues (RequestError / QueueFull at once); `step` runs one scheduling
 iteration (see `scheduler` for the policy: continuous batching, chunked prefill interleaved with
 decode, preemption with exact recomputation); `start` runs steps on a background thread while
-there is work. Results never depend on what else is batched: decode rows and sampling are
+there is work. Results do not depend on what else is batched: decode rows and sampling are
 per-request (sampling keyed by (seed, absolute position)), and prefill chunk boundaries depend
-only on the request. docs/engine.md describes the policy, memory plan and API.
+only on the request (bf16 / quantized CUDA packages pick some kernels by row count, so there a
+row agrees across batch sizes to rounding; docs/engine.md). Plain greedy decode steps are queued
+ahead (`_decode`). docs/engine.md describes the policy, memory plan and API.
 """
 
 from __future__ import annotations

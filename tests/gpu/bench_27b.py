@@ -290,7 +290,8 @@ def run_inner(out: Path) -> int:
         entry = {"bench": report.as_json()}
         print(f"== {recipe}\n{report.table()}", flush=True)
         if LONG_PROMPT:
-            long = run_bench(runner, prompt_len=LONG_PROMPT, decode_tokens=32, concurrency=[1], repeats=1, warmup=0)
+            long = run_bench(runner, prompt_len=LONG_PROMPT, decode_tokens=32, concurrency=[1], repeats=1, warmup=0,
+                             decode_context=LONG_PROMPT)  # decode at the long context
             entry["long_prompt"] = long.as_json()
             print(f"== {recipe}, long prompt\n{long.table()}", flush=True)
         if recipe == "groupwise-int":

@@ -12,12 +12,14 @@ from ninfer_cli.main import cli
 def test_bench_table_and_json(tiny_package, tmp_path):
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(cli, ["bench", str(tiny_package), "--prompt-len", "100", "--decode-tokens", "5",
-                                      "--concurrency", "1,3", "--repeats", "2", "--json", str(out)])
+                                      "--concurrency", "1,3", "--repeats", "2", "--decode-context", "200",
+                                      "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["prompt_len"] == 100 and report["prefill_tok_s"] > 0 and report["copy_gb_s"] > 0
     assert [r["concurrency"] for r in report["decode"]] == [1, 3]
     assert report["decode_loop"] == "queued" and report["decode_readback"] == "tokens"
+    assert report["decode_context"] == 200 and "decode from 200 cached tokens" in result.stdout
     for row in report["decode"]:
         assert row["step_ms"] > 0 and row["sync_step_ms"] > 0
         assert abs(row["aggregate_tok_s"] - row["concurrency"] * row["per_request_tok_s"]) < 1e-6 * row["aggregate_tok_s"]
@@ -28,5 +30,7 @@ def test_bench_table_and_json(tiny_package, tmp_path):
 def test_bench_errors(tiny_package):
     result = CliRunner().invoke(cli, ["bench", str(tiny_package), "--prompt-len", "100000"])
     assert result.exit_code == 1 and "max_context" in result.stderr
+    result = CliRunner().invoke(cli, ["bench", str(tiny_package), "--prompt-len", "100", "--decode-context", "1000"])
+    assert result.exit_code == 1 and "--decode-context 1000" in result.stderr and "max_context 1024" in result.stderr
     result = CliRunner().invoke(cli, ["bench", str(tiny_package), "--concurrency", "1,x"])
     assert result.exit_code == 2 and "comma-separated" in result.output
