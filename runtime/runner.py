@@ -8,6 +8,7 @@ lengths and slot ids. It knows nothing about requests, sampling or text.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,16 +149,17 @@ class PendingGreedy:
     has waited for the read-back queued behind the step, on the host."""
 
     def __init__(self, n: int, tokens: tvm.runtime.Tensor, logprobs: tvm.runtime.Tensor,
-                 read_back: ReadBack | None) -> None:
+                 read_back: ReadBack | None, current: Callable[[], bool] = lambda: True) -> None:
         self.n, self.tokens = n, tokens
-        self._read_back = read_back
+        self._read_back, self._current = read_back, current
         # without a read-back queue the arrays are read now, before anything can overwrite them
         self._result = None if read_back is not None else (tokens.numpy()[:n], logprobs.numpy()[:n])
 
     @property
     def on_device(self) -> bool:
-        """Whether `tokens` may still be read on the device (a queued step; not after `result()`)."""
-        return self._read_back is not None and self._result is None
+        """Whether `tokens` still holds this step's choices on the device: a queued step whose
+        output the same graph has not overwritten since (not after `result()` either)."""
+        return self._read_back is not None and self._result is None and self._current()
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         if self._result is None:
@@ -199,6 +201,7 @@ class ModelRunner:
         self.graph_buckets: list[int] = sorted(graphs["buckets"]) if graphs else []
         self._decode_graph = self.vm[graphs["function"]] if graphs else None
         self._graph_inputs: dict[int, _GraphInputs] = {}
+        self._replays = dict.fromkeys(self.graph_buckets, 0)  # calls of each bucket's graph
         scratch = 1 if graphs else 0
         cache = self.manifest.cache
         self.cache_layout = cache
@@ -356,7 +359,11 @@ class ModelRunner:
         read_back = None
         if self._queue is not None:
             read_back = self._queue.read_back([(out[4].data_ptr(), n, np.int32), (out[5].data_ptr(), n, np.float32)])
-        return PendingGreedy(n, out[4], out[5], read_back)
+        bucket = next((b for b in self.graph_buckets if b >= n), None)
+        if bucket is None:  # a fresh output tensor, held by the result
+            return PendingGreedy(n, out[4], out[5], read_back)
+        replay = self._replays[bucket]  # the graph's outputs live until its next replay
+        return PendingGreedy(n, out[4], out[5], read_back, lambda: self._replays[bucket] == replay)
 
     @property
     def device_greedy(self) -> bool:
@@ -395,6 +402,7 @@ class ModelRunner:
         args = inputs.step(tokens, lengths, seqs)
         if feed is not None:
             inputs.feed(self._queue, feed[0].tokens.data_ptr(), feed[1])
+        self._replays[bucket] += 1
         out = self._decode_graph(*args, self.kv_pool, self.gdn_state, self.conv_state, self.params)
         self.kv_pool, self.gdn_state, self.conv_state = out[1], out[2], out[3]
         return out

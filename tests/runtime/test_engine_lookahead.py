@@ -137,3 +137,28 @@ def test_runner_feed_is_the_fed_steps_choice_and_bad_rows_are_refused(make_runne
     finally:
         for s in seqs:
             runner.pool.release(s)
+
+
+def test_a_pending_choice_is_on_the_device_only_until_read_or_overwritten():
+    import tvm
+
+    from ninfer_runtime.runner import PendingGreedy
+
+    class ReadBack:
+        def wait(self):
+            return [np.array([7, 8], np.int32), np.array([-0.5, -0.25], np.float32)]
+
+    tokens = tvm.runtime.tensor(np.array([1, 2, 3], np.int32), tvm.cpu())
+    logprobs = tvm.runtime.tensor(np.zeros(3, np.float32), tvm.cpu())
+    replayed = [False]
+    pending = PendingGreedy(2, tokens, logprobs, ReadBack(), lambda: not replayed[0])
+    assert pending.on_device
+    replayed[0] = True  # the graph ran again: its output tensor holds another step's choices
+    assert not pending.on_device
+    replayed[0] = False
+    ids, lps = pending.result()
+    assert ids.tolist() == [7, 8] and lps.tolist() == [-0.5, -0.25]
+    assert not pending.on_device and pending.tokens is None
+    # without a read-back queue the choices are read at once
+    eager = PendingGreedy(2, tokens, logprobs, None)
+    assert not eager.on_device and eager.result()[0].tolist() == [1, 2]
