@@ -2,7 +2,9 @@
 
 Sampling is per sequence and depends only on that sequence's logits, its own history and
 (seed, absolute position), never on which other sequences share the batch: the same request
-gives the same tokens alone or batched.
+gives the same tokens alone or batched. A draw is defined on the whole row sorted (stable,
+descending) but computed from the head of that order wherever the head decides it (`_draw`), so a
+vocabulary-sized row is rarely sorted whole.
 """
 
 from __future__ import annotations
@@ -66,19 +68,14 @@ class TokenChoice:
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    m = np.max(x)
-    y = x - m
-    return y - np.log(np.sum(np.exp(y)))
-
-
 def apply_penalties(logits: np.ndarray, params: SamplingParams, prompt: Sequence[int], output: Sequence[int]) -> np.ndarray:
     """Repetition (prompt + output, multiplicative), presence and frequency (output only)."""
     if params.repetition_penalty != 1.0 and (prompt or output):
         seen = np.unique(np.asarray(list(prompt) + list(output), dtype=np.int64))
         seen = seen[(seen >= 0) & (seen < logits.size)]
         vals = logits[seen]
-        logits[seen] = np.where(vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty)
+        with np.errstate(over="ignore"):  # (overflow to inf: `sample` clips it)
+            logits[seen] = np.where(vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty)
     if output and (params.presence_penalty or params.frequency_penalty):
         counts = Counter(t for t in output if 0 <= t < logits.size)
         ids = np.fromiter(counts.keys(), dtype=np.int64)
@@ -94,34 +91,87 @@ def sample(logits: np.ndarray, params: SamplingParams, *, position: int, prompt:
     x = apply_penalties(x, params, prompt, output)
     if allowed is not None:
         x = np.where(allowed, x, -np.inf)
-    logprobs_full = _log_softmax(x.astype(np.float64))
+    if np.isnan(x).any():
+        raise ValueError("the logits are not finite (NaN)")
+    np.minimum(x, np.finfo(np.float32).max, out=x)  # (a tiny repetition penalty can overflow a logit)
+    y = x.astype(np.float64)
+    y -= y.max()
+    log_total = np.log(np.sum(np.exp(y)))  # log-softmax: y - log_total
     if params.is_greedy:
         token = int(np.argmax(x))  # ties -> lowest id
     else:
-        z = x.astype(np.float64) / params.temperature
-        order = np.argsort(-z, kind="stable")
-        if params.top_k:
-            order = order[: params.top_k]
-        zs = z[order]
-        p = np.exp(zs - zs[0])
-        p /= p.sum()
-        keep = np.ones(p.size, bool)
-        if params.top_p < 1.0:
-            cum = np.cumsum(p)
-            keep &= (cum - p) < params.top_p
-        if params.min_p > 0.0:
-            keep &= p >= params.min_p * p[0]
-        keep[0] = True
-        p = np.where(keep, p, 0.0)
-        p /= p.sum()
-        u = _uniform(params.seed, position)
-        idx = int(np.searchsorted(np.cumsum(p), u, side="right"))
-        token = int(order[min(idx, p.size - 1)])
-    choice = TokenChoice(token, float(logprobs_full[token]))
+        token = _draw(x.astype(np.float64) / params.temperature, params, _uniform(params.seed, position))
+    choice = TokenChoice(token, float(y[token] - log_total))
     if params.logprobs:
-        top = np.argsort(-logprobs_full, kind="stable")[: params.logprobs]
-        choice.top = [(int(t), float(logprobs_full[t])) for t in top]
+        logprobs = y - log_total
+        top = _head(logprobs, params.logprobs)[: params.logprobs]
+        choice.top = [(int(t), float(logprobs[t])) for t in top]
     return choice
+
+
+CANDIDATES = 1024  # the head of the sorted distribution a draw tries before sorting all of it
+
+
+def _head(z: np.ndarray, m: int) -> np.ndarray:
+    """The first entries (at least `m`) of z's descending order, ties by lower index, exactly as a
+    stable sort of -z orders them: every index whose value is >= the m-th largest, sorted. Found
+    with a partition, so a vocabulary-sized row is not sorted for a short head."""
+    if m >= z.size:
+        idx = np.arange(z.size)
+    else:
+        idx = np.flatnonzero(z >= np.partition(z, z.size - m)[z.size - m])
+    return idx[np.argsort(-z[idx], kind="stable")]
+
+
+def _draw(z: np.ndarray, params: SamplingParams, u: float) -> int:
+    """Inverse-CDF draw of `u` over softmax(z) in descending order, cut to the top k, then to the
+    smallest head holding top_p of the probability and to the probabilities >= min_p x the
+    largest, renormalized. Only the head of the order that decides the token is sorted; where the
+    kept set or `u` reaches past it (a nearly flat distribution), the whole row is. Tokens of
+    probability 0 (masked to -inf) are never drawn, not even where rounding leaves `u` past the
+    kept set's total."""
+    if np.isneginf(z).any():
+        live = np.flatnonzero(~np.isneginf(z))
+        return int(live[_draw(z[live], params, u)])
+    k = params.top_k if 0 < params.top_k < z.size else 0
+    order = _head(z, k or CANDIDATES)
+    if k:
+        order = order[:k]
+    token = _draw_from(z, order, params, u, complete=bool(k) or order.size == z.size)
+    return token if token is not None else _draw_from(z, _head(z, z.size), params, u, complete=True)
+
+
+def _draw_from(z: np.ndarray, order: np.ndarray, params: SamplingParams, u: float, *, complete: bool) -> int | None:
+    """The draw over the sorted `order` (the whole distribution if `complete`, else its head, the
+    rest of z being smaller); None when the head cannot decide it."""
+    e = np.exp(z[order] - z[order[0]])
+    if complete:
+        p = e / e.sum()
+    else:
+        rest = np.exp(z - z[order[0]])  # the normalizer is over the whole distribution
+        p = e / rest.sum()
+    keep = np.ones(p.size, bool)
+    if params.top_p < 1.0:
+        cum = np.cumsum(p)
+        keep &= (cum - p) < params.top_p
+    if params.min_p > 0.0:
+        keep &= p >= params.min_p * p[0]
+    keep[0] = True
+    kept = p.size if keep.all() else int(np.argmin(keep))  # (both cuts keep a prefix of the order)
+    if complete or kept < p.size:
+        q = p[:kept] / p[:kept].sum()
+    elif params.top_p < 1.0:
+        return None  # the top-p cut may lie past the head
+    else:  # kept: the whole distribution, or every probability >= min_p x the largest
+        mass = rest / rest.sum()
+        q = p / (mass[mass >= params.min_p * p[0]].sum() if params.min_p > 0.0 else mass.sum())
+    cum = np.cumsum(q)
+    idx = int(np.searchsorted(cum, u, side="right"))
+    if idx >= kept:
+        if not complete and kept == p.size:
+            return None  # u falls past the head
+        idx = kept - 1  # (rounding: u at the kept set's total)
+    return int(order[idx])
 
 
 def _uniform(seed: int | None, position: int) -> float:
