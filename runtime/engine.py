@@ -276,9 +276,18 @@ class Engine:
                 self._accept(req, TokenChoice(int(ids[i]), float(logprobs[i])))
 
     def _decode_logits(self, batch: list[Request]) -> None:
+        """A synchronous step for a batch with rows that sample on the host: only their logits come
+        to the host; plain greedy rows take the device's choice (device-greedy packages)."""
         tokens = [req.next_input() for req in batch]
+        seqs = [req.cache for req in batch]
+        host = [i for i, req in enumerate(batch) if not (req.sampling.plain_greedy and req.params.allowed_tokens is None)]
+        ids = None
         try:
-            logits = self.runner.decode([req.cache for req in batch], tokens)
+            if self.runner.device_greedy:
+                ids, logprobs, rows = self.runner.decode_rows(seqs, tokens, host)
+                logits = dict(zip(host, rows, strict=True))
+            else:
+                logits = dict(enumerate(self.runner.decode(seqs, tokens)))
         except Exception as exc:
             _log.exception("decode step failed")
             for req in batch:
@@ -288,8 +297,10 @@ class Engine:
             if req.cache.length != req.total_tokens:
                 req.handle.stats.recomputed_tokens += 1
                 self._metrics.add(recomputed_tokens=1)
-            else:
+            elif i in logits:
                 self._sample(req, logits[i])
+            else:
+                self._accept(req, TokenChoice(int(ids[i]), float(logprobs[i])))
 
     def _prefill(self, req: Request, tokens: list[int]) -> None:
         try:

@@ -334,6 +334,22 @@ class ModelRunner:
         lse = top + np.log(np.exp(logits - top[:, None]).sum(axis=-1))
         return token, (logits[np.arange(n), token] - lse).astype(np.float32)
 
+    def decode_rows(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray,
+                    logits_rows: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One decode step: every row's greedy choice `(token [n], log-probability [n])` and the
+        logits of `logits_rows` only (`[len(logits_rows), vocab]`), so a batch where a few rows
+        sample on the host copies those rows' logits, not all of them (device-greedy packages)."""
+        if not self.device_greedy:
+            raise PackageError("this package does not choose greedy tokens on the device (recompile it)")
+        if not all(0 <= r < len(seqs) for r in logits_rows):
+            raise ValueError(f"logits rows {logits_rows} are outside the batch of {len(seqs)}")
+        out, n = self._decode(seqs, tokens)
+        logits, vocab = out[0], int(out[0].shape[-1])
+        row_bytes = vocab * np.dtype(logits.dtype).itemsize
+        rows = [logits._create_view((vocab,), logits.dtype, r * row_bytes).numpy() for r in logits_rows]
+        chosen = np.stack(rows) if rows else np.zeros((0, vocab), np.dtype(logits.dtype))
+        return out[4].numpy()[:n], out[5].numpy()[:n], chosen
+
     def decode_greedy_async(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray, *,
                             feed: PendingGreedy | None = None, feed_rows: dict[int, int] | None = None,
                             ) -> PendingGreedy:

@@ -34,7 +34,7 @@ def test_decode_greedy_is_the_argmax_of_the_same_step(make_runner):
 def test_engine_takes_the_device_choice_only_for_plain_greedy(make_engine, monkeypatch):
     engine = make_engine()
     calls = {"greedy": 0, "logits": 0}
-    decode, decode_greedy = engine.runner.decode, engine.runner.decode_greedy_async
+    decode, decode_greedy = engine.runner.decode_rows, engine.runner.decode_greedy_async
 
     def counted(name, fn):
         def call(*args, **kwargs):
@@ -42,7 +42,7 @@ def test_engine_takes_the_device_choice_only_for_plain_greedy(make_engine, monke
             return fn(*args, **kwargs)
         return call
 
-    monkeypatch.setattr(engine.runner, "decode", counted("logits", decode))
+    monkeypatch.setattr(engine.runner, "decode_rows", counted("logits", decode))
     monkeypatch.setattr(engine.runner, "decode_greedy_async", counted("greedy", decode_greedy))
     prompt = prompts((12,), seed=6)[0]
     plain = tokens_of(alone(engine, prompt, GenerationParams(max_tokens=8, sampling=GREEDY, ignore_eos=True)))
@@ -74,3 +74,43 @@ def test_decode_refuses_a_batch_without_one_token_per_sequence(make_runner):
         assert runner.decode([a], [4]).shape[0] == 1 and a.length == 4
     finally:
         runner.pool.release(a)
+
+
+def test_decode_rows_copies_only_the_rows_asked_for(make_runner):
+    runner = make_runner(max_active=6)
+    prompt = prompts((18,), seed=2)[0]
+    a, b = [runner.pool.acquire() for _ in range(3)], [runner.pool.acquire() for _ in range(3)]
+    try:
+        for i in range(3):  # a[i] and b[i]: the same prompt
+            runner.prefill(a[i], prompt[: 6 + 4 * i])
+            runner.prefill(b[i], prompt[: 6 + 4 * i])
+        full = runner.decode(a, [5, 6, 7])
+        ids, logprobs, rows = runner.decode_rows(b, [5, 6, 7], [2, 0])
+        np.testing.assert_array_equal(rows, full[[2, 0]])
+        np.testing.assert_array_equal(ids, np.argmax(full, axis=-1))
+        assert logprobs.shape == (3,) and runner.decode_rows(b, [1, 2, 3], [])[2].shape == (0, full.shape[1])
+        import pytest
+
+        with pytest.raises(ValueError, match="outside the batch"):
+            runner.decode_rows(b, [1, 2, 3], [3])
+    finally:
+        for s in a + b:
+            runner.pool.release(s)
+
+
+def test_a_mixed_batch_samples_only_its_sampling_rows_on_the_host(make_engine, monkeypatch):
+    from .engine_helpers import staggered
+
+    engine = make_engine()
+    a, b = prompts((14, 9), seed=12)
+    greedy = GenerationParams(max_tokens=8, sampling=GREEDY, ignore_eos=True)
+    sampled = GenerationParams(max_tokens=8, sampling=dataclasses.replace(GREEDY, temperature=0.9, greedy=False,
+                                                                          seed=3), ignore_eos=True)
+    reference = [tokens_of(alone(engine, p, q)) for p, q in ((a, greedy), (b, sampled))]
+    asked = []
+    rows = engine.runner.decode_rows
+    monkeypatch.setattr(engine.runner, "decode_rows", lambda seqs, toks, want: asked.append((len(seqs), list(want)))
+                        or rows(seqs, toks, want))
+    handles, _ = staggered(engine, [(a, greedy), (b, sampled)], (0, 0))
+    assert [h.output_ids for h in handles] == reference
+    assert (2, [1]) in asked and all(len(want) == 1 for _, want in asked)
