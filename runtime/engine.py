@@ -20,10 +20,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -101,6 +103,7 @@ class Engine:
         self._stopping = False
         self._metrics = EngineMetrics()
         self._queued: _QueuedDecode | None = None  # the decode step whose tokens are read next
+        self._samplers: ThreadPoolExecutor | None = None  # host draws of several rows at once
 
     # -- submitting ---------------------------------------------------------------------------
 
@@ -293,14 +296,16 @@ class Engine:
             for req in batch:
                 self._finish(req, "error", error=f"decode failed: {exc}")
             return
+        sampled = []
         for i, req in enumerate(batch):
             if req.cache.length != req.total_tokens:
                 req.handle.stats.recomputed_tokens += 1
                 self._metrics.add(recomputed_tokens=1)
             elif i in logits:
-                self._sample(req, logits[i])
+                sampled.append((req, logits[i]))
             else:
                 self._accept(req, TokenChoice(int(ids[i]), float(logprobs[i])))
+        self._sample(sampled)
 
     def _prefill(self, req: Request, tokens: list[int]) -> None:
         try:
@@ -314,7 +319,7 @@ class Engine:
             req.handle.stats.recomputed_tokens += len(tokens)
             self._metrics.add(recomputed_tokens=len(tokens))
         elif req.cache.length == len(req.prompt):
-            self._sample(req, logits)
+            self._sample([(req, logits)])
 
     # -- tokens out ---------------------------------------------------------------------------
 
@@ -332,22 +337,41 @@ class Engine:
             raise ValueError("allowed_tokens allows no token")
         return mask
 
-    def _sample(self, req: Request, logits: np.ndarray) -> None:
-        if req.cancel_requested:
-            return  # reaped at the end of this step
-        try:
-            mask = None if req.params.allowed_tokens is None else self._allowed_mask(req, logits.shape[-1])
-        except Exception as exc:
-            self._finish(req, "error", error=f"allowed_tokens: {exc}")
-            return
-        try:
-            choice = sample(logits, req.sampling, position=req.total_tokens, prompt=req.prompt, output=req.output,
-                            allowed=mask)
-        except Exception as exc:  # e.g. non-finite logits
-            _log.exception("sampling for %s failed", req.handle.id)
-            self._finish(req, "error", error=f"sampling failed: {exc}")
-            return
-        self._accept(req, choice)
+    def _sample(self, rows: list[tuple[Request, np.ndarray]]) -> None:
+        """Choose each request's next token from its logits row on the host. The draws run in
+        parallel threads where there are several (numpy releases the GIL for the row-sized work);
+        the constraint callbacks before them and the acceptance after them run in order."""
+        jobs = []
+        for req, logits in rows:
+            if req.cancel_requested:
+                continue  # reaped at the end of this step
+            try:
+                mask = None if req.params.allowed_tokens is None else self._allowed_mask(req, logits.shape[-1])
+            except Exception as exc:
+                self._finish(req, "error", error=f"allowed_tokens: {exc}")
+                continue
+            jobs.append((req, logits, mask))
+
+        def draw(job: tuple[Request, np.ndarray, np.ndarray | None]) -> TokenChoice | Exception:
+            req, logits, mask = job
+            try:
+                return sample(logits, req.sampling, position=req.total_tokens, prompt=req.prompt, output=req.output,
+                              allowed=mask)
+            except Exception as exc:  # e.g. non-finite logits
+                return exc
+
+        if len(jobs) > 1:
+            if self._samplers is None:
+                self._samplers = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="ninfer-sample")
+            choices = list(self._samplers.map(draw, jobs))
+        else:
+            choices = [draw(job) for job in jobs]
+        for (req, _, _), choice in zip(jobs, choices, strict=True):
+            if isinstance(choice, Exception):
+                _log.error("sampling for %s failed", req.handle.id, exc_info=choice)
+                self._finish(req, "error", error=f"sampling failed: {choice}")
+            else:
+                self._accept(req, choice)
 
     def _accept(self, req: Request, choice: TokenChoice) -> None:
         """The chosen token becomes the request's next output (stop checks, stats, delivery)."""
