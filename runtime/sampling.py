@@ -9,6 +9,7 @@ vocabulary-sized row is rarely sorted whole.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -94,19 +95,32 @@ def sample(logits: np.ndarray, params: SamplingParams, *, position: int, prompt:
     if np.isnan(x).any():
         raise ValueError("the logits are not finite (NaN)")
     np.minimum(x, np.finfo(np.float32).max, out=x)  # (a tiny repetition penalty can overflow a logit)
-    y = x.astype(np.float64)
-    y -= y.max()
-    log_total = np.log(np.sum(np.exp(y)))  # log-softmax: y - log_total
+    y = np.subtract(x, np.float64(x.max()), out=_scratch("y", x.size), dtype=np.float64)
+    log_total = np.log(np.sum(np.exp(y, out=_scratch("e", x.size))))  # log-softmax: y - log_total
     if params.is_greedy:
         token = int(np.argmax(x))  # ties -> lowest id
     else:
-        token = _draw(x.astype(np.float64) / params.temperature, params, _uniform(params.seed, position))
+        z = np.divide(x, np.float64(params.temperature), out=_scratch("z", x.size), dtype=np.float64)
+        token = _draw(z, params, _uniform(params.seed, position))
     choice = TokenChoice(token, float(y[token] - log_total))
     if params.logprobs:
-        logprobs = y - log_total
+        logprobs = np.subtract(y, log_total, out=_scratch("e", x.size))
         top = _head(logprobs, params.logprobs)[: params.logprobs]
         choice.top = [(int(t), float(logprobs[t])) for t in top]
     return choice
+
+
+_local = threading.local()
+
+
+def _scratch(name: str, n: int, dtype: type = np.float64) -> np.ndarray:
+    """A row-sized buffer of this thread, reused from draw to draw: fresh vocabulary-sized
+    temporaries cost more in page faults than the arithmetic on them."""
+    buffers = _local.__dict__.setdefault("buffers", {})
+    buf = buffers.get(name)
+    if buf is None or buf.size < n:
+        buf = buffers[name] = np.empty(n, dtype)
+    return buf[:n]
 
 
 CANDIDATES = 1024  # the head of the sorted distribution a draw tries before sorting all of it
@@ -119,7 +133,10 @@ def _head(z: np.ndarray, m: int) -> np.ndarray:
     if m >= z.size:
         idx = np.arange(z.size)
     else:
-        idx = np.flatnonzero(z >= np.partition(z, z.size - m)[z.size - m])
+        part = _scratch("part", z.size)
+        np.copyto(part, z)
+        part.partition(z.size - m)
+        idx = np.flatnonzero(np.greater_equal(z, part[z.size - m], out=_scratch("ge", z.size, np.bool_)))
     return idx[np.argsort(-z[idx], kind="stable")]
 
 
@@ -148,8 +165,8 @@ def _draw_from(z: np.ndarray, order: np.ndarray, params: SamplingParams, u: floa
     if complete:
         p = e / e.sum()
     else:
-        rest = np.exp(z - z[order[0]])  # the normalizer is over the whole distribution
-        p = e / rest.sum()
+        rest = np.exp(np.subtract(z, z[order[0]], out=_scratch("rest", z.size)), out=_scratch("rest", z.size))
+        p = e / rest.sum()  # (the normalizer is over the whole distribution)
     keep = np.ones(p.size, bool)
     if params.top_p < 1.0:
         cum = np.cumsum(p)
