@@ -284,7 +284,7 @@ class Engine:
         ids = None
         try:
             if self.runner.device_greedy:
-                ids, logprobs, rows = self.runner.decode_rows(seqs, tokens, host)
+                ids, logprobs, rows = self.runner.decode_rows(seqs, tokens, host, reuse=True)
                 logits = dict(zip(host, rows, strict=True))
             else:
                 logits = dict(enumerate(self.runner.decode(seqs, tokens)))

@@ -7,6 +7,7 @@ lengths and slot ids. It knows nothing about requests, sampling or text.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,6 +133,13 @@ class _GraphInputs:
         self._held[0] = None  # the tensor no longer holds what was uploaded
 
 
+def _tensor_to_bytes(tensor: tvm.runtime.Tensor, ptr: int, nbytes: int) -> None:
+    """Copy a tensor into host memory at `ptr` (what `Tensor.numpy` does into its fresh array)."""
+    from tvm.runtime import _ffi_api
+
+    _ffi_api.TVMTensorCopyToBytes(tensor, ctypes.c_void_p(ptr), nbytes)
+
+
 def _feed_copies(queue: DeviceQueue, dst_ptr: int, src_ptr: int, rows: dict[int, int]) -> None:
     """int32 element copies dst[d] = src[rows[d]], one device copy per run of consecutive rows."""
     items = sorted(rows.items())
@@ -202,6 +210,7 @@ class ModelRunner:
         self._decode_graph = self.vm[graphs["function"]] if graphs else None
         self._graph_inputs: dict[int, _GraphInputs] = {}
         self._replays = dict.fromkeys(self.graph_buckets, 0)  # calls of each bucket's graph
+        self._logits_rows: np.ndarray | None = None  # `decode_rows(reuse=True)`'s host buffer
         scratch = 1 if graphs else 0
         cache = self.manifest.cache
         self.cache_layout = cache
@@ -334,21 +343,30 @@ class ModelRunner:
         lse = top + np.log(np.exp(logits - top[:, None]).sum(axis=-1))
         return token, (logits[np.arange(n), token] - lse).astype(np.float32)
 
-    def decode_rows(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray,
-                    logits_rows: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def decode_rows(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray, logits_rows: list[int], *,
+                    reuse: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One decode step: every row's greedy choice `(token [n], log-probability [n])` and the
         logits of `logits_rows` only (`[len(logits_rows), vocab]`), so a batch where a few rows
-        sample on the host copies those rows' logits, not all of them (device-greedy packages)."""
+        sample on the host copies those rows' logits, not all of them (device-greedy packages).
+        `reuse`: the rows land in a host buffer the runner keeps (valid until the next such call),
+        which spares the page faults of a fresh megabyte per row."""
         if not self.device_greedy:
             raise PackageError("this package does not choose greedy tokens on the device (recompile it)")
         if not all(0 <= r < len(seqs) for r in logits_rows):
             raise ValueError(f"logits rows {logits_rows} are outside the batch of {len(seqs)}")
-        out, n = self._decode(seqs, tokens)
-        logits, vocab = out[0], int(out[0].shape[-1])
+        result, n = self._decode(seqs, tokens)
+        logits, vocab = result[0], int(result[0].shape[-1])
         row_bytes = vocab * np.dtype(logits.dtype).itemsize
-        rows = [logits._create_view((vocab,), logits.dtype, r * row_bytes).numpy() for r in logits_rows]
-        chosen = np.stack(rows) if rows else np.zeros((0, vocab), np.dtype(logits.dtype))
-        return out[4].numpy()[:n], out[5].numpy()[:n], chosen
+        views = [logits._create_view((vocab,), logits.dtype, r * row_bytes) for r in logits_rows]
+        if reuse and logits.dtype == "float32":
+            if self._logits_rows is None or self._logits_rows.shape[1] != vocab:
+                self._logits_rows = np.empty((self.manifest.limits["max_batch"], vocab), np.float32)
+            for i, view in enumerate(views):
+                _tensor_to_bytes(view, self._logits_rows[i].ctypes.data, row_bytes)
+            chosen = self._logits_rows[: len(views)]
+        else:
+            chosen = np.stack([v.numpy() for v in views]) if views else np.zeros((0, vocab), np.float32)
+        return result[4].numpy()[:n], result[5].numpy()[:n], chosen
 
     def decode_greedy_async(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray, *,
                             feed: PendingGreedy | None = None, feed_rows: dict[int, int] | None = None,

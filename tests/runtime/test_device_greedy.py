@@ -85,8 +85,9 @@ def test_decode_rows_copies_only_the_rows_asked_for(make_runner):
             runner.prefill(a[i], prompt[: 6 + 4 * i])
             runner.prefill(b[i], prompt[: 6 + 4 * i])
         full = runner.decode(a, [5, 6, 7])
-        ids, logprobs, rows = runner.decode_rows(b, [5, 6, 7], [2, 0])
+        ids, logprobs, rows = runner.decode_rows(b, [5, 6, 7], [2, 0], reuse=True)
         np.testing.assert_array_equal(rows, full[[2, 0]])
+        assert rows.base is runner._logits_rows  # (the kept buffer)
         np.testing.assert_array_equal(ids, np.argmax(full, axis=-1))
         assert logprobs.shape == (3,) and runner.decode_rows(b, [1, 2, 3], [])[2].shape == (0, full.shape[1])
         import pytest
@@ -109,8 +110,8 @@ def test_a_mixed_batch_samples_only_its_sampling_rows_on_the_host(make_engine, m
     reference = [tokens_of(alone(engine, p, q)) for p, q in ((a, greedy), (b, sampled))]
     asked = []
     rows = engine.runner.decode_rows
-    monkeypatch.setattr(engine.runner, "decode_rows", lambda seqs, toks, want: asked.append((len(seqs), list(want)))
-                        or rows(seqs, toks, want))
+    monkeypatch.setattr(engine.runner, "decode_rows", lambda seqs, toks, want, **kw: asked.append((len(seqs), list(want)))
+                        or rows(seqs, toks, want, **kw))
     handles, _ = staggered(engine, [(a, greedy), (b, sampled)], (0, 0))
     assert [h.output_ids for h in handles] == reference
     assert (2, [1]) in asked and all(len(want) == 1 for _, want in asked)
