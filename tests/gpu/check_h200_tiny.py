@@ -246,6 +246,7 @@ def run_inner(stage: Path, out: Path) -> int:
                 "teacher": r["teacher_ok"],
                 "greedy_graph_eq_eager": outs[True]["greedy"] == outs[False]["greedy"],
                 "queued_eq_sync": r["queued_eq_sync"] and r["queued_device_feed"],
+                "logits_rows": r["logits_rows_eq"],
             }
             if dtype == "float32":
                 checks["greedy_eq_hf"] = r["greedy"] == ref["greedy"].tolist()
@@ -371,6 +372,18 @@ def _exercise(runner, ref) -> dict:
     # (alone vs together is batch invariance, exact only where the kernels do not depend on the
     # row count: fp32; bf16 packages pick other GEMV / GDN-step shapes by rows, equal to rounding)
     r["alone_eq_together"] = sync == together
+    # a batch with rows that sample on the host: only those logits rows come back (views of the
+    # step's logits copied into the runner's buffer), equal to the whole step's rows
+    pair = [[runner.pool.acquire() for _ in prompts] for _ in range(2)]
+    for group in pair:
+        for s, p in zip(group, prompts, strict=True):
+            runner.prefill(s, p)
+    whole = runner.decode(pair[0], [7, 9, 11])
+    ids, _, rows = runner.decode_rows(pair[1], [7, 9, 11], [2, 0], reuse=True)
+    for group in pair:
+        for s in group:
+            runner.pool.release(s)
+    r["logits_rows_eq"] = bool(np.array_equal(rows, whole[[2, 0]]) and np.array_equal(ids, whole.argmax(-1)))
     r["queued_device_feed"] = bool(getattr(runner, "_queue", None) is not None)
     # decode step time, batch 1 and 4 (host copies and the logits download included)
     for batch in (1, 4):
