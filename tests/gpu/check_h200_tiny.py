@@ -374,15 +374,16 @@ def _exercise(runner, ref) -> dict:
     r["alone_eq_together"] = sync == together
     # a batch with rows that sample on the host: only those logits rows come back (views of the
     # step's logits copied into the runner's buffer), equal to the whole step's rows
-    pair = [[runner.pool.acquire() for _ in prompts] for _ in range(2)]
-    for group in pair:
-        for s, p in zip(group, prompts, strict=True):
+    steps = []
+    for logits_rows in (None, [2, 0]):  # the same three sequences twice: the whole step, then two rows
+        seqs = [runner.pool.acquire() for _ in prompts]
+        for s, p in zip(seqs, prompts, strict=True):
             runner.prefill(s, p)
-    whole = runner.decode(pair[0], [7, 9, 11])
-    ids, _, rows = runner.decode_rows(pair[1], [7, 9, 11], [2, 0], reuse=True)
-    for group in pair:
-        for s in group:
+        steps.append(runner.decode(seqs, [7, 9, 11]) if logits_rows is None
+                     else runner.decode_rows(seqs, [7, 9, 11], logits_rows, reuse=True))
+        for s in seqs:
             runner.pool.release(s)
+    whole, (ids, _, rows) = steps
     r["logits_rows_eq"] = bool(np.array_equal(rows, whole[[2, 0]]) and np.array_equal(ids, whole.argmax(-1)))
     r["queued_device_feed"] = bool(getattr(runner, "_queue", None) is not None)
     # decode step time, batch 1 and 4 (host copies and the logits download included)
