@@ -393,7 +393,7 @@ class ModelRunner:
         read_back = None
         if self._queue is not None:
             read_back = self._queue.read_back([(out[4].data_ptr(), n, np.int32), (out[5].data_ptr(), n, np.float32)])
-        bucket = next((b for b in self.graph_buckets if b >= n), None)
+        bucket = self._bucket(n)
         if bucket is None:  # a fresh output tensor, held by the result
             return PendingGreedy(n, out[4], out[5], read_back)
         replay = self._replays[bucket]  # the graph's outputs live until its next replay
@@ -416,7 +416,7 @@ class ModelRunner:
             raise PackageError(f"sequence would exceed the package's max_context {self.max_context}")
         for s in seqs:
             self.pool.reserve(s, s.length + 1)
-        bucket = next((b for b in self.graph_buckets if b >= len(seqs)), None)
+        bucket = self._bucket(len(seqs))
         if bucket is None:
             positions = np.broadcast_to(lengths, (3, lengths.size))  # text: three equal rows
             out = self._call(self._decode_fn, tokens, positions, seqs, feed)
@@ -425,6 +425,10 @@ class ModelRunner:
         for s in seqs:
             s.length += 1
         return out, len(seqs)
+
+    def _bucket(self, rows: int) -> int | None:
+        """The CUDA graph bucket a batch of `rows` runs in (None: eagerly)."""
+        return next((b for b in self.graph_buckets if b >= rows), None)
 
     def _call_graph(self, bucket: int, tokens: np.ndarray, lengths: np.ndarray, seqs: list[SequenceCache],  # noqa: ANN202
                     feed: tuple[PendingGreedy, dict[int, int]] | None = None):

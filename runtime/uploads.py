@@ -171,9 +171,10 @@ class DeviceQueue(_Pinned):
         the source memory unchanged until they have run (the stream's order does that for a step's
         outputs)."""
         shapes = [(count, np.dtype(dtype)) for _, count, dtype in sources]
-        if sum(c * d.itemsize for c, d in shapes) > self._slot_bytes:
-            raise ValueError(f"read-back of {sum(c * d.itemsize for c, d in shapes)} bytes does not fit "
-                             f"a {self._slot_bytes}-byte slot")
+        need = sum(_padded(c * d.itemsize) for c, d in shapes)
+        if need > self._slot_bytes:
+            raise ValueError(f"read-back of {need} bytes (each array 16-byte aligned) does not fit a "
+                             f"{self._slot_bytes}-byte slot")
         slot = self._next
         self._next = (slot + 1) % len(self._owners)
         owner = self._owners[slot]
@@ -184,7 +185,7 @@ class DeviceQueue(_Pinned):
         for (ptr, count, _), (_, dtype) in zip(sources, shapes, strict=True):
             nbytes = count * dtype.itemsize
             self._driver("cuMemcpyDtoHAsync_v2", ctypes.c_void_p(at), ctypes.c_uint64(ptr), nbytes, LEGACY_STREAM)
-            at += -(-nbytes // 16) * 16
+            at += _padded(nbytes)
         self._driver("cuEventRecord", self._events[slot], LEGACY_STREAM)
         ticket = self._owners[slot] = ReadBack(self, slot, shapes)
         return ticket
@@ -196,8 +197,13 @@ class DeviceQueue(_Pinned):
         for count, dtype in shapes:
             nbytes = count * dtype.itemsize
             out.append(np.frombuffer(self._memory, dtype=dtype, count=count, offset=at).copy())
-            at += -(-nbytes // 16) * 16
+            at += _padded(nbytes)
         return out
+
+
+def _padded(nbytes: int) -> int:
+    """Bytes an array takes in a read-back slot (each starts 16-byte aligned)."""
+    return -(-nbytes // 16) * 16
 
 
 def _free(driver: _Driver, base: int, events: list[int]) -> None:
@@ -210,30 +216,25 @@ def _free(driver: _Driver, base: int, events: list[int]) -> None:
         pass
 
 
-def _enabled(device_kind: str) -> _Driver | None:
+def _build(device_kind: str, make):  # noqa: ANN001, ANN202
+    """`make(driver)` for CUDA devices, or None: another device, no driver, no page-locked memory
+    or events, or NINFER_PINNED_UPLOADS=0 (the caller then copies synchronously)."""
     if device_kind != "cuda" or os.environ.get("NINFER_PINNED_UPLOADS", "1") == "0":
         return None
-    return _load_driver()
+    driver = _load_driver()
+    if driver is None:
+        return None
+    try:
+        return make(driver)
+    except DriverError:
+        return None
 
 
 def queue_for(slot_bytes: int, device_kind: str) -> DeviceQueue | None:
-    """A queue for CUDA devices, or None (read synchronously): as `stager_for`."""
-    driver = _enabled(device_kind)
-    if driver is None:
-        return None
-    try:
-        return DeviceQueue(driver, slot_bytes)
-    except DriverError:
-        return None
+    """A read-back and device-copy queue for CUDA devices, or None (read synchronously)."""
+    return _build(device_kind, lambda driver: DeviceQueue(driver, slot_bytes))
 
 
 def stager_for(sizes: list[int], device_kind: str) -> PinnedStager | None:
-    """A stager for CUDA devices, or None (copy with `Tensor.copyfrom`): another device, no driver,
-    no page-locked memory, or NINFER_PINNED_UPLOADS=0."""
-    driver = _enabled(device_kind)
-    if driver is None:
-        return None
-    try:
-        return PinnedStager(sizes, driver)
-    except DriverError:
-        return None
+    """A stager for CUDA devices, or None (copy with `Tensor.copyfrom`)."""
+    return _build(device_kind, lambda driver: PinnedStager(sizes, driver))

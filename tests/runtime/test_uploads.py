@@ -116,6 +116,8 @@ def test_read_backs_land_in_turn_and_a_slot_is_taken_before_it_is_reused() -> No
     np.testing.assert_array_equal(second.wait()[0], y[:3])
     with pytest.raises(ValueError, match="does not fit"):
         queue.read_back([(x.ctypes.data, 17, np.int32)])
+    with pytest.raises(ValueError, match="does not fit"):  # 56 bytes, but 80 with each array aligned
+        queue.read_back([(x.ctypes.data, 5, np.int32), (x.ctypes.data, 9, np.int32)])
 
 
 def test_device_copies_and_feed_runs() -> None:
