@@ -9,7 +9,10 @@ step n + 1 queued (its tokens taken from step n on the device) before step n's t
 the host's part of a step overlaps the GPU's; the table also gives the step with every call waited
 for (`sync ms`: random tokens each step, the host's part on the critical path). The weight
 bandwidth a step achieves (weight bytes / step time) is set against the copy bandwidth measured on
-the same device in the same run: that ratio is the fraction of the decode roofline.
+the same device in the same run: that ratio is the fraction of the decode roofline. Each row also
+counts the sequences' own bytes a step moves (their KV pages read at the decode context, their
+recurrent state read and written back): at long contexts or many requests these add to the
+weights, and `all bytes` sets weights plus them against the copy bandwidth.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class DecodeRow:
     weight_gb_s: float
     roofline_fraction: float | None
     sync_step_ms: float = 0.0  # each step's call waited for
+    cache_bytes: int = 0  # the sequences' KV pages read and recurrent state read + written per step
+    all_bytes_fraction: float | None = None  # (weights + cache_bytes) / step / copy bandwidth
 
 
 @dataclass
@@ -63,12 +68,16 @@ class BenchReport:
             f"  (decode from {self.decode_context} cached tokens; steps read back: {self.decode_readback}; "
             f"step ms: {self.decode_loop} steps)",
             f"{'concurrency':>11} {'step ms':>9} {'tok/s/req':>10} {'tok/s total':>12} {'weights GB/s':>13} {'of roofline':>12}"
-            f" {'sync ms':>9}",
+            f" {'sync ms':>9} {'cache GB':>9} {'all bytes':>10}",
         ]
+
+        def pct(x: float | None) -> str:
+            return f"{100 * x:.1f}%" if x is not None else "n/a"
+
         for r in self.decode:
-            frac = f"{100 * r.roofline_fraction:.1f}%" if r.roofline_fraction is not None else "n/a"
             lines.append(f"{r.concurrency:>11} {r.step_ms:>9.3f} {r.per_request_tok_s:>10.1f} {r.aggregate_tok_s:>12.1f} "
-                         f"{r.weight_gb_s:>13.1f} {frac:>12} {r.sync_step_ms:>9.3f}")
+                         f"{r.weight_gb_s:>13.1f} {pct(r.roofline_fraction):>12} {r.sync_step_ms:>9.3f} "
+                         f"{r.cache_bytes / 1e9:>9.3f} {pct(r.all_bytes_fraction):>10}")
         return "\n".join(lines)
 
 
@@ -81,6 +90,15 @@ def decode_weight_bytes(runner: ModelRunner) -> int:
             continue
         total += int(np.prod(p.shape)) * itemsize[p.dtype]
     return total
+
+
+def decode_cache_bytes(runner: ModelRunner, context: int, sequences: int) -> int:
+    """Bytes of the sequences' own state one decode step moves besides the weights: each sequence's
+    KV pages holding `context` tokens, read, and its recurrent (GDN, convolution) state, read and
+    written back."""
+    plan = runner.pool.plan
+    pages = -(-context // plan.page_size) if plan.page_size else 0
+    return sequences * (pages * plan.bytes_per_page + 2 * plan.bytes_per_slot)
 
 
 def _sync(runner: ModelRunner) -> None:
@@ -170,8 +188,10 @@ def run_bench(runner: ModelRunner, *, prompt_len: int, decode_tokens: int, concu
             for s in seqs:
                 runner.pool.release(s)
         gbps = weight_bytes / step / 1e9
+        cache = decode_cache_bytes(runner, context, c)
         report.decode.append(DecodeRow(c, step * 1e3, 1 / step, c / step, gbps, gbps / copy if copy > 0 else None,
-                                       sync_step * 1e3))
+                                       sync_step * 1e3, cache,
+                                       (weight_bytes + cache) / step / 1e9 / copy if copy > 0 else None))
     return report
 
 
