@@ -264,7 +264,19 @@ def _say_probe(name: str, cmp: dict) -> None:
         for b, c in cmp.items()), flush=True)
 
 
+def device_name() -> str:
+    """The GPU this run measures (the lent machine may be an H100 or an H200): nvidia-smi's name."""
+    try:
+        found = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"unknown ({err})"
+    return found.stdout.strip().splitlines()[0] if found.returncode == 0 and found.stdout.strip() else "unknown"
+
+
 def run_inner(out: Path) -> int:
+    device = device_name()
+    print(f"device: {device}", flush=True)
     rate = float(subprocess.run([sys.executable, "-c", "import bench_27b; print(bench_27b._matmul_rate())"],
                         cwd=str(Path(__file__).parent), capture_output=True, text=True,
                         env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TVM_USE_RUNTIME_LIB")}
@@ -276,7 +288,7 @@ def run_inner(out: Path) -> int:
     recipes = [r for r in RECIPES if (package_dir(r) / "manifest.json").exists()]
     start = time.perf_counter()
     jobs = {r: _synthesize_in_background(r) for r in recipes if not artifact_path(Path("/tmp"), r).exists()}
-    results: dict = {"bf16_matmul_tflops": rate}
+    results: dict = {"device": device, "bf16_matmul_tflops": rate}
     for recipe in recipes:
         if recipe in jobs and jobs[recipe].wait() != 0:
             print(f"{recipe}: synthesis failed", flush=True)

@@ -48,3 +48,14 @@ def test_steps_are_split_at_gaps_and_kinds_drop_tvm_suffixes() -> None:
     assert trace_27b.kind("fused_split_kernel(float*)") == "fused_split"
     assert trace_27b.kind("ninfer_qgemv4e_q45_multi", [640, 1, 1]) == "ninfer_qgemv4e_q45_multi [640]"
     assert trace_27b.kind("ninfer_rms_norm_wbf16") == "ninfer_rms_norm_wbf16"
+
+
+def test_the_prefill_table_gives_the_span_as_tokens_per_second() -> None:
+    kernels = [_k("qgemm_kernel", 0.0, 600.0), _k("attention_prefill_kernel", 650.0, 350.0)]
+    entry = {"prompt_len": 7680, "spans_us": [1000.0], "median": trace_27b.analyse(kernels), "kernels_per_step": 2}
+    text = trace_27b.table("pkg", "prefill", entry)
+    assert "prefill of 7680 tokens: span 1.000 ms" in text and "7,680,000 tok/s" in text
+    qgemm = next(line for line in text.splitlines() if line.startswith("qgemm "))
+    assert "60.0%" in qgemm  # its advance against the span
+    attn = next(line for line in text.splitlines() if line.startswith("attention_prefill "))
+    assert attn.split()[-1] == "50.00"  # the idle microseconds before it

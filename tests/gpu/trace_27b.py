@@ -12,9 +12,14 @@ critical path, overlap included. `lead` is how early a kernel starts before its 
     # build machine: the packages, as for bench_27b.py
     .venv/bin/python tests/gpu/bench_27b.py prepare --folder /tmp/perf --recipes groupwise-int
     # GPU machine (carry .cache/ninfer/perf-27b); NINFER_TRACE_PACKAGES: pkg and/or pkg-var-NAME
-    python3 tests/gpu/trace_27b.py --out $OUT/trace [--concurrency 1,8] [--steps 5]
+    python3 tests/gpu/trace_27b.py --out $OUT/trace [--concurrency 1,8] [--steps 5] [--prefill 7680]
 
-Prints a table per package and concurrency last; writes `trace.json` (per kind) under --out.
+`--engine` also times the engine generating greedily and sampling (`bench_27b.engine_token_ms`)
+with the first package, untraced. `--prefill N` also traces the prefill of an N-token prompt (one chunk up to the package's prefill
+chunk, 8,192 tokens), all of its kernels as one timeline, median of 3 after a warm-up: the
+per-kernel breakdown of a prefill chunk on the real 64 layers.
+
+Prints a table per package and concurrency (and prefill) last; writes `trace.json` (per kind) under --out.
 """
 
 from __future__ import annotations
@@ -118,7 +123,47 @@ def host_phases(runner, step_fn, seqs, tokens, steps: int = 30) -> dict:  # noqa
     return result
 
 
-def trace_package(pkg: Path, artifact: Path, concurrency: list[int], n_steps: int) -> dict:
+def _kernel_records(prof, path: Path) -> list[dict]:  # noqa: ANN001
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    return [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+
+
+def trace_prefill(runner, rng, vocab: int, prompt_len: int, repeats: int = 3) -> dict:  # noqa: ANN001
+    """One prompt's prefill, every kernel of it one timeline (the host may leave gaps: they are
+    the `idle` column), after a warm-up prefill of the same length; the median of `repeats`."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if prompt_len > runner.prefill_chunk:
+        raise SystemExit(f"--prefill {prompt_len}: more than one chunk ({runner.prefill_chunk} tokens)")
+    per = []
+    for i in range(repeats + 1):
+        seq = runner.pool.acquire()
+        try:
+            tokens = rng.integers(2, vocab, prompt_len)
+            torch.cuda.synchronize()
+            if i == 0:  # warm-up: first-call costs stay out of the measurement
+                runner.prefill(seq, tokens)
+                torch.cuda.synchronize()
+                continue
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                runner.prefill(seq, tokens)
+                torch.cuda.synchronize()
+        finally:
+            runner.pool.release(seq)
+        kernels = _kernel_records(prof, Path("/tmp") / f"trace-prefill-{i}.json")
+        if not kernels:
+            raise SystemExit("prefill: no kernel records in the trace")
+        per.append((analyse(kernels), len(kernels)))
+    order = sorted(per, key=lambda p: p[0]["span_us"])
+    best, n = order[len(order) // 2]
+    return {"prompt_len": prompt_len, "spans_us": [p[0]["span_us"] for p in per], "median": best,
+            "kernels_per_step": n}
+
+
+def trace_package(pkg: Path, artifact: Path, concurrency: list[int], n_steps: int, prefill_len: int = 0,
+                  engine: bool = False) -> dict:
     import numpy as np
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -143,13 +188,10 @@ def trace_package(pkg: Path, artifact: Path, concurrency: list[int], n_steps: in
                 for _ in range(n_steps):
                     step_fn(seqs, rng.integers(2, vocab, c))
                     torch.cuda.synchronize()
-            path = Path("/tmp") / f"trace-{pkg.name}-{c}.json"
-            prof.export_chrome_trace(str(path))
         finally:
             for s in seqs:
                 runner.pool.release(s)
-        events = json.loads(path.read_text())["traceEvents"]
-        kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+        kernels = _kernel_records(prof, Path("/tmp") / f"trace-{pkg.name}-{c}.json")
         steps = [s for s in split_steps(kernels) if len(s) > 50]  # a decode step has hundreds of kernels
         if not steps:
             raise SystemExit(f"{pkg.name}: no decode step in the trace ({len(kernels)} kernel records); "
@@ -158,23 +200,33 @@ def trace_package(pkg: Path, artifact: Path, concurrency: list[int], n_steps: in
         best = sorted(per, key=lambda p: p["span_us"])[len(per) // 2]  # the median step
         result[str(c)] = {"spans_us": [p["span_us"] for p in per], "median": best,
                           "kernels_per_step": len(steps[0]), "host": host}
+    if prefill_len:
+        result["prefill"] = trace_prefill(runner, rng, vocab, prefill_len)
+    if engine:
+        result["engine_ms_per_token"] = bench_27b.engine_token_ms(runner)
     del runner
     return result
 
 
 def table(name: str, c: str, entry: dict) -> str:
     med = entry["median"]
-    host = entry["host"]
-    lines = [f"== {name}, {c} request(s): step span {med['span_us'] / 1e3:.3f} ms on the GPU (median of "
-             f"{len(entry['spans_us'])}: {', '.join(f'{s / 1e3:.3f}' for s in entry['spans_us'])}), "
-             f"{entry['kernels_per_step']} kernels",
-             f"host to host (untraced) {host['wall_us'] / 1e3:.3f} ms: queued after {host['queued_us']:.1f} us "
-             f"(input upload {host['write_us']:.1f} us, graph call {host['call_us']:.1f} us), the rest waits "
-             "for the GPU and reads the tokens back"
-             + (f"; queued steps (step n + 1 queued before step n is read) {host['queued_wall_us'] / 1e3:.3f} ms"
-                if "queued_wall_us" in host else ""),
-             f"{'kernel kind':<60} {'n':>4} {'dur us':>9} {'us/launch':>9} {'advance us':>10} {'share':>6} "
-             f"{'lead us':>8} {'idle us':>8}"]
+    spans = ", ".join(f"{s / 1e3:.3f}" for s in entry["spans_us"])
+    if c == "prefill":
+        n = entry["prompt_len"]
+        lines = [f"== {name}, prefill of {n} tokens: span {med['span_us'] / 1e3:.3f} ms on the GPU (median of "
+                 f"{len(entry['spans_us'])}: {spans}), {n / med['span_us'] * 1e6:,.0f} tok/s, "
+                 f"{entry['kernels_per_step']} kernels"]
+    else:
+        host = entry["host"]
+        lines = [f"== {name}, {c} request(s): step span {med['span_us'] / 1e3:.3f} ms on the GPU (median of "
+                 f"{len(entry['spans_us'])}: {spans}), {entry['kernels_per_step']} kernels",
+                 f"host to host (untraced) {host['wall_us'] / 1e3:.3f} ms: queued after {host['queued_us']:.1f} us "
+                 f"(input upload {host['write_us']:.1f} us, graph call {host['call_us']:.1f} us), the rest waits "
+                 "for the GPU and reads the tokens back"
+                 + (f"; queued steps (step n + 1 queued before step n is read) {host['queued_wall_us'] / 1e3:.3f} ms"
+                    if "queued_wall_us" in host else "")]
+    lines += [f"{'kernel kind':<60} {'n':>4} {'dur us':>9} {'us/launch':>9} {'advance us':>10} {'share':>6} "
+              f"{'lead us':>8} {'idle us':>8}"]
     rows = sorted(med["kinds"].items(), key=lambda kv: -kv[1]["advance"])
     for k, r in rows:
         lines.append(f"{k:<60} {r['n']:>4} {r['dur']:>9.1f} {r['dur'] / r['n']:>9.2f} {r['advance']:>10.1f} "
@@ -182,23 +234,28 @@ def table(name: str, c: str, entry: dict) -> str:
     return "\n".join(lines)
 
 
-def inner(out: Path, concurrency: list[int], n_steps: int) -> int:
+def inner(out: Path, concurrency: list[int], n_steps: int, prefill_len: int = 0, engine: bool = False) -> int:
     names = os.environ.get("NINFER_TRACE_PACKAGES", "pkg").split(",")
     artifact = bench_27b.artifact_path(Path("/tmp"), "groupwise-int")
     if not artifact.exists():
         job = bench_27b._synthesize_in_background("groupwise-int")
         if job.wait() != 0:
             raise SystemExit("synthesis failed")
+    print(f"device: {bench_27b.device_name()}", flush=True)
     results = {}
     for name in names:
         pkg = bench_27b.STAGE / name
         if not (pkg / "manifest.json").exists():
             raise SystemExit(f"{pkg}: no package (run bench_27b.py prepare first)")
-        results[name] = trace_package(pkg, artifact, concurrency, n_steps)
+        results[name] = trace_package(pkg, artifact, concurrency, n_steps, prefill_len, engine and name == names[0])
         (out / "trace.json").write_text(json.dumps(results, indent=1))
     for name, per_c in results.items():
         for c, entry in per_c.items():
-            print(table(name, c, entry), flush=True)
+            if c == "engine_ms_per_token":
+                print(f"== {name}, the engine generating (ms per token per request): "
+                      + ", ".join(f"{k} request(s) {v:.3f}" for k, v in entry.items()), flush=True)
+            else:
+                print(table(name, c, entry), flush=True)
     return 0
 
 
@@ -207,17 +264,22 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/trace-out")))
     parser.add_argument("--concurrency", default="1", help="comma-separated request counts")
     parser.add_argument("--steps", type=int, default=5, help="traced decode steps per concurrency")
+    parser.add_argument("--prefill", type=int, default=0, metavar="N",
+                        help="also trace the prefill of an N-token prompt (one chunk; 0: none)")
+    parser.add_argument("--engine", action="store_true", help="also time the engine generating (greedy, sampled)")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.prefill < 0:
+        parser.error("--prefill must be 0 (none) or a prompt length")
     try:
         concurrency = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
         parser.error(f"--concurrency {args.concurrency!r}: comma-separated integers")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.inner:
-        return inner(args.out, concurrency, args.steps)
+        return inner(args.out, concurrency, args.steps, args.prefill, args.engine)
     # the benchmark's environment (TVM's runtime staged next to the packages), this script inside it
     site = Path("/tmp/ninfer-trace-site")
     shutil.rmtree(site, ignore_errors=True)
@@ -229,7 +291,8 @@ def main() -> int:
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([str(site), str(bench_27b.STAGE / "site")])}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--inner", "--out", str(args.out),
-           "--concurrency", args.concurrency, "--steps", str(args.steps)]
+           "--concurrency", args.concurrency, "--steps", str(args.steps), "--prefill", str(args.prefill),
+           *(["--engine"] if args.engine else [])]
     return subprocess.run(cmd, env=env, cwd="/tmp").returncode
 
 
