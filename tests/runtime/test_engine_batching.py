@@ -76,3 +76,32 @@ def test_chunked_prefill_matches_runner(make_engine, chunk):
     events = alone(engine, prompt, GenerationParams(max_tokens=1, sampling=GREEDY, logprobs=0))
     assert events[0].token == int(np.argmax(logits))
     assert engine.describe()["prefill_chunk"] == chunk
+
+
+def test_rows_drawn_side_by_side_give_the_tokens_drawn_alone(make_engine, tiny_tokenizer, monkeypatch):
+    """The draw threads (hosts with cores to spare) change nothing: each row's token depends on its
+    row, its history and (seed, position) only."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ninfer_runtime.engine as engine_mod
+
+    pool = ThreadPoolExecutor(4)
+    widths = []
+    real_map = pool.map
+    monkeypatch.setattr(pool, "map", lambda fn, items: (widths.append(len(items)), real_map(fn, items))[1])
+    monkeypatch.setattr(engine_mod, "_draw_pool", pool)
+    try:
+        base = SamplingParams(temperature=0.9, top_p=0.95, repetition_penalty=1.05)
+        params = [GenerationParams(max_tokens=10 + 2 * i, ignore_eos=True, sampling=dataclasses.replace(base, seed=50 + i))
+                  for i in range(8)]
+        _check_invariant(make_engine(), tiny_tokenizer, params)
+    finally:
+        pool.shutdown()
+    assert max(widths) >= 6  # most of the batch was drawn at once
+
+
+def test_draw_threads_leave_small_hosts_serial():
+    from ninfer_runtime.engine import draw_threads
+
+    assert draw_threads(1) == draw_threads(2) == 0
+    assert draw_threads(4) == 3 and draw_threads(16) == 8
