@@ -841,6 +841,17 @@ __device__ __noinline__ void v4_add_norm(const __nv_bfloat16* y, const void* w, 
 // blocks writes its int8 activations and resets the count, so the counts are 0 between launches
 // (zero at module load; a launch touches them only after its PDL wait, when the previous one is done).
 constexpr uint32_t V4_XQ_GROUPS = 8192;  // outputs <= 524,288 (the launcher checks)
+// Measurement switch: 0 = every thread fences its stores before the block's barrier; 1 = the
+// counting thread alone fences after it (cumulative through the barrier, as a grid sync does)
+#ifndef NINFER_V4_XQ_FENCE
+#define NINFER_V4_XQ_FENCE 0
+#endif
+// Measurement switch: 1 = a K-split residual add reads its thread's residual element right after
+// the PDL wait (one register over the loop) instead of after the partial sums (an L2 round trip
+// at the end of every block)
+#ifndef NINFER_V4_RES_EARLY
+#define NINFER_V4_RES_EARLY 0
+#endif
 __device__ uint32_t v4_xq_arrivals[V4_XQ_GROUPS];
 
 // a[s] by selects (an indexed parameter array would be copied to local memory)
@@ -880,11 +891,12 @@ __device__ __forceinline__ void v4_xq_out(const __nv_bfloat16* y, const V4Epi& e
   extern __shared__ __align__(16) uint8_t v4_smem[];
   volatile uint32_t* last = reinterpret_cast<volatile uint32_t*>(v4_smem);
   const uint32_t per = outs >= 64u ? 1u : 64u / outs, grp0 = out0 >> 6;  // blocks per group
-  __threadfence();  // this thread's stores of y, before the count
+  if (NINFER_V4_XQ_FENCE == 0) __threadfence();  // this thread's stores of y, before the count
   __syncthreads();  // (every thread has read the partial sums: the shared memory is free)
   if (threadIdx.x == 0) {
     uint32_t done = 1u;
     if (per > 1u) {
+      if (NINFER_V4_XQ_FENCE == 1) __threadfence();  // the block's stores (ordered by the barrier)
       done = atomicAdd(&v4_xq_arrivals[grp0], 1u) == per - 1u ? 1u : 0u;
       if (done) v4_xq_arrivals[grp0] = 0u;
     }
@@ -997,6 +1009,19 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
     pdl_wait();
     pdl_trigger();
   }
+  // NINFER_V4_RES_EARLY: the residual element this thread adds in the K-split epilogue below (its
+  // first output there: blockDim.x >= the block's outputs x 128 in V4_ADD), read now
+  float res_pre = 0.f;
+  const uint32_t add_outs = slots;
+  const bool res_early = NINFER_V4_RES_EARLY && MODE == V4_ADD && ks > 1u && blockDim.x >= add_outs * 128u;
+  if (res_early && threadIdx.x < add_outs * 128u) {
+    const uint32_t rb = threadIdx.x & 127u, col = rb & 7u;
+    const uint32_t row = (tile0 + blk * add_outs + (threadIdx.x >> 7)) * 16u + (rb >> 3);
+    if (row < n_rows && col < b_rows) {
+      const unsigned short r = *reinterpret_cast<const volatile unsigned short*>(e.residual + col * n_rows + row);
+      res_pre = __uint_as_float(static_cast<uint32_t>(r) << 16);
+    }
+  }
   if (active) {
     const __nv_bfloat16* xs = x + (g < b_rows ? g : 0u) * k + c * 16u + ubeg * 256u;
     // I8: lane l copies chunk (group l / 8, c = (l / 2) % 4, column l % 2) of each staged stage
@@ -1101,7 +1126,8 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
     for (uint32_t p = 0; p < ks; ++p) v += part[(p * slots + sv) * 128u + rb];
     if (swiglu)
       for (uint32_t p = 0; p < ks; ++p) up += part[(p * slots + sv + 1u) * 128u + rb];
-    store_v3(yo + col * stride + row, v4_finish<MODE>(v, up, e, col, row, n_rows));
+    store_v3(yo + col * stride + row,
+             res_early && t == threadIdx.x ? v + res_pre : v4_finish<MODE>(v, up, e, col, row, n_rows));
   }
   if (I8 && swiglu && e.xq_out != nullptr) v4_xq_out(reinterpret_cast<const __nv_bfloat16*>(y), e, n_rows, b_rows,
                                                      (tile0 + blk * outs) * 16u, outs * 16u);
