@@ -101,7 +101,7 @@ def sample(logits: np.ndarray, params: SamplingParams, *, position: int, prompt:
         token = int(np.argmax(x))  # ties -> lowest id
     else:
         z = np.divide(x, np.float64(params.temperature), out=_scratch("z", x.size), dtype=np.float64)
-        token = _draw(z, params, _uniform(params.seed, position))
+        token = _draw(z, params, _uniform(params.seed, position), key=x)  # (z = x / T: x's order is z's)
     choice = TokenChoice(token, float(y[token] - log_total))
     if params.logprobs:
         logprobs = np.subtract(y, log_total, out=_scratch("e", x.size))
@@ -126,21 +126,39 @@ def _scratch(name: str, n: int, dtype: type = np.float64) -> np.ndarray:
 CANDIDATES = 1024  # the head of the sorted distribution a draw tries before sorting all of it
 
 
-def _head(z: np.ndarray, m: int) -> np.ndarray:
+def descending_order(v: np.ndarray) -> np.ndarray:
+    """The permutation a stable sort of -v gives (descending, ties by lower index; -0 equals 0;
+    no NaN), as an LSD radix sort: v's bits as order-preserving unsigned keys, then one stable
+    16-bit pass per digit, lowest first (NumPy sorts 16-bit keys by counting). float32: two passes,
+    ~4.5 ms for 248,320 values where the stable float64 sort takes ~26."""
+    bits = {np.dtype(np.float32): np.uint32, np.dtype(np.float64): np.uint64}.get(v.dtype)
+    if bits is None:
+        raise TypeError(f"descending_order takes float32 or float64 values, not {v.dtype}")
+    b = np.add(v, v.dtype.type(0)).view(bits)  # (-0 + 0 = +0: the two zeros tie, as they compare)
+    sign = bits(1) << bits(8 * b.itemsize - 1)
+    desc = np.where(b & sign, b, ~(b | sign))  # ascending desc <=> descending v
+    digits = [(desc >> bits(shift)).astype(np.uint16) for shift in range(0, 8 * b.itemsize, 16)]  # (truncating)
+    order = np.argsort(digits[0], kind="stable")
+    for digit in digits[1:]:
+        order = order[np.argsort(digit[order], kind="stable")]
+    return order
+
+
+def _head(z: np.ndarray, m: int, key: np.ndarray | None = None) -> np.ndarray:
     """The first entries (at least `m`) of z's descending order, ties by lower index, exactly as a
     stable sort of -z orders them: every index whose value is >= the m-th largest, sorted. Found
-    with a partition, so a vocabulary-sized row is not sorted for a short head."""
+    with a partition, so a vocabulary-sized row is not sorted for a short head. `key`: values in
+    the same order as z with the same ties (z = key / T), sorted in its place when the whole row is."""
     if m >= z.size:
-        idx = np.arange(z.size)
-    else:
-        part = _scratch("part", z.size)
-        np.copyto(part, z)
-        part.partition(z.size - m)
-        idx = np.flatnonzero(np.greater_equal(z, part[z.size - m], out=_scratch("ge", z.size, np.bool_)))
+        return descending_order(z if key is None else key)
+    part = _scratch("part", z.size)
+    np.copyto(part, z)
+    part.partition(z.size - m)
+    idx = np.flatnonzero(np.greater_equal(z, part[z.size - m], out=_scratch("ge", z.size, np.bool_)))
     return idx[np.argsort(-z[idx], kind="stable")]
 
 
-def _draw(z: np.ndarray, params: SamplingParams, u: float) -> int:
+def _draw(z: np.ndarray, params: SamplingParams, u: float, key: np.ndarray | None = None) -> int:
     """Inverse-CDF draw of `u` over softmax(z) in descending order, cut to the top k, then to the
     smallest head holding top_p of the probability and to the probabilities >= min_p x the
     largest, renormalized. Only the head of the order that decides the token is sorted; where the
@@ -149,13 +167,13 @@ def _draw(z: np.ndarray, params: SamplingParams, u: float) -> int:
     kept set's total."""
     if np.isneginf(z).any():
         live = np.flatnonzero(~np.isneginf(z))
-        return int(live[_draw(z[live], params, u)])
+        return int(live[_draw(z[live], params, u, None if key is None else key[live])])
     k = params.top_k if 0 < params.top_k < z.size else 0
-    order = _head(z, k or CANDIDATES)
+    order = _head(z, k or CANDIDATES, key)
     if k:
         order = order[:k]
     token = _draw_from(z, order, params, u, complete=bool(k) or order.size == z.size)
-    return token if token is not None else _draw_from(z, _head(z, z.size), params, u, complete=True)
+    return token if token is not None else _draw_from(z, _head(z, z.size, key), params, u, complete=True)
 
 
 def _draw_from(z: np.ndarray, order: np.ndarray, params: SamplingParams, u: float, *, complete: bool) -> int | None:

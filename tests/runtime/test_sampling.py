@@ -52,7 +52,8 @@ def test_draws_are_those_of_the_whole_sorted_row(monkeypatch):
 
     sorted_whole = []
     head = sampling._head
-    monkeypatch.setattr(sampling, "_head", lambda z, m: sorted_whole.append(m >= z.size > CANDIDATES) or head(z, m))
+    monkeypatch.setattr(sampling, "_head",
+                        lambda z, m, *key: sorted_whole.append(m >= z.size > CANDIDATES) or head(z, m, *key))
     rng = np.random.default_rng(0)
     checked = 0
     for name, x in _rows(rng):
@@ -119,9 +120,46 @@ def test_a_vocabulary_sized_row_is_not_sorted_whole(monkeypatch):
     z = x.astype(np.float64) / 0.7
     sizes = []
     head = sampling._head
-    monkeypatch.setattr(sampling, "_head", lambda z, m: sizes.append(m) or head(z, m))
+    monkeypatch.setattr(sampling, "_head", lambda z, m, *key: sizes.append(m) or head(z, m, *key))
     for params in (SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0.7),
                    SamplingParams(temperature=0.7, min_p=0.1), SamplingParams(temperature=0.7, top_k=50)):
         for pos in range(5):
             assert _draw(z, params, _uniform(5, pos)) == _reference_draw(z, params, _uniform(5, pos))
     assert sizes and max(sizes) <= CANDIDATES
+
+
+def test_descending_order_is_the_stable_sort_of_the_negated_values():
+    from ninfer_runtime.sampling import descending_order
+
+    rng = np.random.default_rng(7)
+    rows = [rng.standard_normal(5000) * 3, np.round(rng.standard_normal(5000) * 2),  # many ties
+            np.array([0.0, -0.0, 1.0, -1.0, 0.0, -0.0, -np.inf, 1e-40, -1e-40, 1e30]),
+            np.array([2.0]), np.zeros(0)]
+    for row in rows:
+        for dtype in (np.float64, np.float32):
+            v = row.astype(dtype)
+            np.testing.assert_array_equal(descending_order(v), np.argsort(-v, kind="stable"), err_msg=f"{dtype} {v[:6]}")
+    x = (rng.standard_normal(20000) * 0.5).astype(np.float32)  # a float32 row orders its z = x / T
+    np.testing.assert_array_equal(descending_order(x), np.argsort(-(x.astype(np.float64) / 0.7), kind="stable"))
+    with pytest.raises(TypeError, match="float16"):
+        descending_order(np.zeros(3, np.float16))
+
+
+def test_sample_sorts_a_flat_row_by_its_float32_logits_to_the_same_draws(monkeypatch):
+    """`sample` orders a whole row by the float32 logits themselves (two radix passes instead of
+    four: z = x / T orders and ties as x does); the draws are the definition's."""
+    import ninfer_runtime.sampling as sampling
+
+    keyed = []
+    head = sampling._head
+    monkeypatch.setattr(sampling, "_head", lambda z, m, key=None: keyed.append(m >= z.size and key is not None)
+                        or head(z, m, key))
+    rng = np.random.default_rng(5)
+    for x in ((rng.standard_normal(6000) * 0.05).astype(np.float32),
+              np.round(rng.standard_normal(6000) * 0.2).astype(np.float32)):  # flat, and flat with ties
+        for params in (SamplingParams(temperature=0.7, top_p=0.9, seed=3), SamplingParams(temperature=1.3, seed=4),
+                       SamplingParams(temperature=0.9, top_p=0.95, min_p=0.01, seed=5)):
+            for pos in range(4):
+                z = x.astype(np.float64) / params.temperature
+                assert sample(x, params, position=pos).token == _reference_draw(z, params, _uniform(params.seed, pos))
+    assert any(keyed)
