@@ -100,8 +100,8 @@ def test_rows_drawn_side_by_side_give_the_tokens_drawn_alone(make_engine, tiny_t
     assert max(widths) >= 6  # most of the batch was drawn at once
 
 
-def test_draw_threads_leave_small_hosts_serial():
+def test_draw_threads_take_every_core_up_to_a_full_batch():
     from ninfer_runtime.engine import draw_threads
 
-    assert draw_threads(1) == draw_threads(2) == 0
-    assert draw_threads(4) == 3 and draw_threads(16) == 8
+    assert draw_threads(1) == 0
+    assert draw_threads(2) == 2 and draw_threads(4) == 4 and draw_threads(16) == 8
