@@ -105,3 +105,35 @@ def test_draw_threads_take_every_core_up_to_a_full_batch():
 
     assert draw_threads(1) == 0
     assert draw_threads(2) == 2 and draw_threads(4) == 4 and draw_threads(16) == 8
+
+
+def test_a_draw_that_fails_ends_its_request_alone(make_engine, monkeypatch):
+    """A row whose draw raises (drawn beside others) finishes its request with the error; the
+    other rows of that step take their tokens as usual."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ninfer_runtime.engine as engine_mod
+
+    real = engine_mod.sample
+
+    def flaky(logits, params, **kw):  # noqa: ANN001, ANN202, ANN003
+        if params.seed == 13 and len(kw["output"]) == 2:
+            raise ValueError("the logits are not finite (NaN)")
+        return real(logits, params, **kw)
+
+    pool = ThreadPoolExecutor(2)
+    monkeypatch.setattr(engine_mod, "sample", flaky)
+    monkeypatch.setattr(engine_mod, "_draw_pool", pool)
+    try:
+        engine = make_engine()
+        base = SamplingParams(temperature=0.8, top_p=0.9)
+        handles = [engine.submit(p, GenerationParams(max_tokens=6, ignore_eos=True,
+                                                     sampling=dataclasses.replace(base, seed=s)))
+                   for p, s in zip(prompts((10, 12, 14)), (11, 13, 15), strict=True)]
+        engine.run_until_idle()
+    finally:
+        pool.shutdown()
+    events = drain(handles[1])
+    assert events[-1].finish_reason == "error" and "sampling failed: the logits are not finite" in events[-1].error
+    assert len(handles[1].output_ids) == 2
+    assert [len(handles[i].output_ids) for i in (0, 2)] == [6, 6]
