@@ -135,8 +135,6 @@ def trace_prefill(runner, rng, vocab: int, prompt_len: int, repeats: int = 3) ->
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    if prompt_len > runner.prefill_chunk:
-        raise SystemExit(f"--prefill {prompt_len}: more than one chunk ({runner.prefill_chunk} tokens)")
     per = []
     for i in range(repeats + 1):
         seq = runner.pool.acquire()
@@ -171,6 +169,8 @@ def trace_package(pkg: Path, artifact: Path, concurrency: list[int], n_steps: in
     from ninfer_runtime.runner import ModelRunner, RunnerOptions
 
     runner = ModelRunner(pkg, artifact=artifact, options=RunnerOptions(max_active=8, context_bytes=24 << 30))
+    if prefill_len > runner.prefill_chunk:  # (before any tracing: a bad flag costs no GPU time)
+        raise SystemExit(f"--prefill {prefill_len}: more than one chunk of {pkg.name} ({runner.prefill_chunk} tokens)")
     rng = np.random.default_rng(0)
     vocab = min(runner.manifest.raw["model"]["vocab_size"], 1 << 15)
     step_fn = runner.decode_greedy if runner.device_greedy else runner.decode
