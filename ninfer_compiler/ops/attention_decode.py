@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .pdl import pdl_enter, pdl_mode
 from .xq_triton import xq_store
 
 if TYPE_CHECKING:
@@ -94,8 +94,7 @@ def _split_kernel(
     PDL: tl.constexpr = False,
 ):
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
-        gdc_wait()
-        gdc_launch_dependents()
+        pdl_enter(PDL)
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -156,8 +155,7 @@ def _combine_kernel(
     XQ: tl.constexpr = False,
 ):
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
-        gdc_wait()
-        gdc_launch_dependents()
+        pdl_enter(PDL)
     h = tl.program_id(0)
     b = tl.program_id(1)
     keys, per_split, used = _split_plan(lens_ptr, b, tl.num_programs(1), HKV, NS, BLOCK_N, TARGET)
@@ -251,14 +249,14 @@ def images(arch: str, hq: int, hkv: int, d: int, page_size: int, gated: bool = F
         signature={"q_ptr": "*bf16", "kv_ptr": "*bf16", "pages_ptr": "*i32", "lens_ptr": "*i32",
                    "ws_ptr": "*fp32", "P": "i32", "scale_log2": "fp32"},
         constants={"HQ": hq, "HKV": hkv, "D": d, "PS": page_size, "NS": MAX_SPLITS, "BLOCK_N": BLOCK_N,
-                   "ROWS": ROWS, "TARGET": TARGET, "PDL": True},
+                   "ROWS": ROWS, "TARGET": TARGET, "PDL": pdl_mode()},
         arch=arch, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     combine = compile_kernel(
         _combine_kernel,
         signature={"ws_ptr": "*fp32", "lens_ptr": "*i32", "o_ptr": "*bf16", "gate_ptr": "*bf16",
                    "xq_ptr": "*i8", "xs_ptr": "*fp32"},
         constants={"HQ": hq, "HKV": hkv, "D": d, "NS": MAX_SPLITS, "BLOCK_N": BLOCK_N, "TARGET": TARGET,
-                   "CHUNK": COMBINE_CHUNK, "PDL": True, "GATED": gated, "XQ": xq},
+                   "CHUNK": COMBINE_CHUNK, "PDL": pdl_mode(), "GATED": gated, "XQ": xq},
         arch=arch, num_warps=4, num_stages=1)
     return [split, combine]
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from .pdl import pdl_enter, pdl_mode
 
 if TYPE_CHECKING:
     from tvm.relax.frontend import nn
@@ -38,8 +39,7 @@ def prologue_kernel(q_raw, k_raw, v_raw, q_w, k_w, pos, inv_freq, pool, pages, l
                     R: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr, PDL: tl.constexpr = False):
     """Program (i, h): token i of the `[B, T]` block; head h < HQ is a query head, else a KV head."""
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
-        gdc_wait()
-        gdc_launch_dependents()
+        pdl_enter(PDL)
     i = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     b = i // n_tok
@@ -101,7 +101,7 @@ def image(hq: int, hkv: int, d: int, page_size: int, rotary_dim: int, sections: 
                    "pages": "*i32", "lens": "*i32", "q_out": "*bf16", "layer": "i32", "n_tok": "i32",
                    "batch": "i32", "max_pages": "i32", "num_pages": "i32", "eps": "fp32"},
         constants={"HQ": hq, "HKV": hkv, "D": d, "PS": page_size, "R": rotary_dim, "S_H": sections[1],
-                   "S_W": sections[2], "PDL": True},
+                   "S_W": sections[2], "PDL": pdl_mode()},
         arch=arch, num_warps=2 if d <= 128 else 4, num_stages=1,
     )
 

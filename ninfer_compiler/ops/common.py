@@ -95,6 +95,15 @@ KERNEL_FEATURES: dict[str, bool] = {
     # SHAPES: the whole state slice per program at one row, column chunks above): per launch on the
     # H200 8.50 -> 7.83 us at 2 rows, 14.77 -> 10.53 at 4, 22.77 -> 17.60 at 8 (docs/kernels/gdn-decode.md)
     "gdn_step_by_batch": True,
+    # the decode chain's kernels (ops/pdl.py) let the next launch start before their PDL wait rather
+    # than after it, so a GEMV behind a norm, the convolution or the GDN step can issue its weight
+    # copies while that kernel still waits for the one before; not yet measured on a GPU
+    "pdl_early": False,
+    # ... and at one row in the 2-4-row shape (chunks of 64, 4 warps, 30 K registers a program
+    # against the whole slice's 54 K), so the output projection's blocks, whose weight copies run
+    # under the step's PDL wait, fit beside its programs on their 48 multiprocessors; per launch
+    # alone 6.82 against 6.86 us (docs/kernels/gdn-decode.md); not yet measured in the decode graph
+    "gdn_step_one_row_chunked": False,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
     # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)
     "fp8_row_triton": True,

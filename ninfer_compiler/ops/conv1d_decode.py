@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 from .common import dtype_tag, tuned_cuda_kernels
 from .cuda_extern import current_arch, extern, fill_launcher, inplace_call
+from .pdl import pdl_enter, pdl_mode
 from .triton_aot import KernelImage, compile_kernel
 
 SYMBOL = "ninfer_conv1d_decode"
@@ -50,8 +50,7 @@ def conv1d_decode_kernel(x, w, state, slots, lens, y, layer, num_slots,
             tl.load(hist + j * C, mask=keep, other=0.0).to(tl.float32)
     w_last = tl.load(w + (K - 1) * C + c, mask=ok, other=0.0).to(tl.float32)
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
-        gdc_wait()
-        gdc_launch_dependents()
+        pdl_enter(PDL)
     xv = tl.load(x + b.to(tl.int64) * C + c, mask=ok, other=0.0)
     acc += w_last * xv.to(tl.float32)
     for j in tl.static_range(1, K - 1):  # shift the history by one row (rows read above)
@@ -68,7 +67,7 @@ def image(channels: int, taps: int, w_dtype: str, arch: str) -> KernelImage:
         conv1d_decode_kernel,
         signature={"x": "*bf16", "w": f"*{wt[w_dtype]}", "state": "*bf16", "slots": "*i32", "lens": "*i32",
                    "y": "*bf16", "layer": "i32", "num_slots": "i32"},
-        constants={"C": channels, "K": taps, "BLOCK": BLOCK, "PDL": True},
+        constants={"C": channels, "K": taps, "BLOCK": BLOCK, "PDL": pdl_mode()},
         arch=arch, num_warps=2, num_stages=1,
     )
 

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 from .common import kernel_feature, tuned_cuda_kernels
 from .cuda_extern import current_arch, extern, fill_launcher, inplace_call
 from .gdn_gates import SOFTPLUS_THRESHOLD
+from .pdl import pdl_enter, pdl_mode
 from .triton_aot import KernelImage, compile_kernel
 from .xq_triton import xq_store
 
@@ -89,8 +89,7 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
             wa = tl.load(a_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0)
             wb = tl.load(b_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0)
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
-        gdc_wait()
-        gdc_launch_dependents()
+        pdl_enter(PDL)
     row = mixed + b.to(tl.int64) * C
     qr = tl.load(row + kh * DK + rk).to(tl.float32)
     kr = tl.load(row + HK * DK + kh * DK + rk).to(tl.float32)
@@ -198,6 +197,18 @@ def shape_for(rows: int | None, dv: int) -> Shape:
     return Shape(bv, shape.warps, shape.gate_bk, shape.prefetch)
 
 
+def launch_shapes(dv: int) -> dict[int | None, Shape]:
+    """The package's launch shape per batch bound (None: any batch): SHAPES under the kernel feature
+    `gdn_step_by_batch`, with one row in the 2-4-row shape under `gdn_step_one_row_chunked`; else the
+    whole slice at every batch."""
+    if not kernel_feature("gdn_step_by_batch"):
+        return {None: shape_for(1, dv)}
+    shapes = {rows: shape_for(rows, dv) for rows in SHAPES}
+    if kernel_feature("gdn_step_one_row_chunked"):
+        shapes[1] = shape_for(4, dv)
+    return shapes
+
+
 def image(hk: int, hv: int, dk: int, dv: int, w_dtype: str, gate_param_dtype: str, arch: str,
           gate_k: int = 0, xq: bool = False, bv: int = 0, num_warps: int = 8,
           gate_bk: int = 1024, prefetch: bool = False) -> KernelImage:
@@ -212,7 +223,7 @@ def image(hk: int, hv: int, dk: int, dv: int, w_dtype: str, gate_param_dtype: st
                    "num_slots": "i32", "eps": "fp32", "xq": "*i8", "xs": "*fp32"},
         constants={"HK": hk, "HV": hv, "DK": dk, "DV": dv, "Q_SCALE": dk**-0.5, "L2_EPS": L2_EPS,
                    "SOFTPLUS_T": SOFTPLUS_THRESHOLD, "GATE_K": gate_k,
-                   "GATE_KP": triton.next_power_of_2(gate_k) if gate_k else 1, "PDL": True, "XQ": xq, "BV": bv,
+                   "GATE_KP": triton.next_power_of_2(gate_k) if gate_k else 1, "PDL": pdl_mode(), "XQ": xq, "BV": bv,
                    "GATE_BK": gate_bk, "PREFETCH": prefetch},
         arch=arch, num_warps=num_warps, num_stages=1,
     )
@@ -329,8 +340,7 @@ def gdn_decode_fused(
     gate_k = 0 if h is None else int(h.shape[-1])
     by_rows = kernel_feature("gdn_step_by_batch")
     images = {}
-    for rows in (SHAPES if by_rows else {None: None}):
-        sh = shape_for(rows if by_rows else 1, dv)
+    for rows, sh in launch_shapes(dv).items():
         images[f"gdn_decode_{rows or 'any'}"] = (rows, image(
             hk, hv, dk, dv, str(norm_w.dtype), str(a_log.dtype), arch, gate_k, with_xq, sh.bv, sh.warps,
             gate_bk=sh.gate_bk, prefetch=sh.prefetch))

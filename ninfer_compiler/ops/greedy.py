@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from .pdl import pdl_enter, pdl_mode
 
 if TYPE_CHECKING:
     from tvm.relax.frontend import nn
@@ -33,8 +34,7 @@ def partial_kernel(logits, ws_max, ws_idx, ws_sum, vocab, SPLITS: tl.constexpr, 
                    PDL: tl.constexpr = False):
     """Program (row, s): the max, the lowest index holding it, and sum(exp(x - max)) of slice s."""
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
-        gdc_wait()
-        gdc_launch_dependents()
+        pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     span = tl.cdiv(tl.cdiv(vocab, SPLITS), BLOCK) * BLOCK
@@ -64,8 +64,7 @@ def partial_kernel(logits, ws_max, ws_idx, ws_sum, vocab, SPLITS: tl.constexpr, 
 def combine_kernel(ws_max, ws_idx, ws_sum, token, logprob, SPLITS: tl.constexpr, PDL: tl.constexpr = False):
     """Program (row): the row's token and log-probability from its slices' partials."""
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
-        gdc_wait()
-        gdc_launch_dependents()
+        pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     r = tl.arange(0, SPLITS)
     m = tl.load(ws_max + row * SPLITS + r)
@@ -84,11 +83,11 @@ def images(arch: str) -> tuple[KernelImage, KernelImage]:
     partial = compile_kernel(
         partial_kernel,
         signature={"logits": "*fp32", "ws_max": "*fp32", "ws_idx": "*i32", "ws_sum": "*fp32", "vocab": "i32"},
-        constants={"SPLITS": SPLITS, "BLOCK": BLOCK, "PDL": True}, arch=arch, num_warps=4, num_stages=2)
+        constants={"SPLITS": SPLITS, "BLOCK": BLOCK, "PDL": pdl_mode()}, arch=arch, num_warps=4, num_stages=2)
     combine = compile_kernel(
         combine_kernel,
         signature={"ws_max": "*fp32", "ws_idx": "*i32", "ws_sum": "*fp32", "token": "*i32", "logprob": "*fp32"},
-        constants={"SPLITS": SPLITS, "PDL": True}, arch=arch, num_warps=1, num_stages=1)
+        constants={"SPLITS": SPLITS, "PDL": pdl_mode()}, arch=arch, num_warps=1, num_stages=1)
     return partial, combine
 
 

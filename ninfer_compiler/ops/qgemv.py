@@ -40,7 +40,7 @@ from tvm.relax.frontend.nn.core import wrap_nested
 from tvm.relax.frontend.nn.exporter import Exporter
 
 from ..codegen.toolchain import nvcc_fatbin
-from . import cuda_extern
+from . import cuda_extern, pdl
 from .common import kernel_feature, tuned_cuda_kernels
 from .linear_weight import LinearWeight
 from .row_split import grouped_format
@@ -98,7 +98,7 @@ def codes_key() -> str:
 
 def fatbin(arch: str, dense: bool = False) -> bytes:
     """nvcc's fatbin of the kernels for `arch` (SASS only, cached; `dense`: the dense kernels alone)."""
-    defines = (("NINFER_GEMV_DENSE_ONLY",) if dense else ()) + (codes_key(),)
+    defines = (("NINFER_GEMV_DENSE_ONLY",) if dense else ()) + (codes_key(),) + pdl.cuda_defines()
     return nvcc_fatbin(DEVICE_SOURCE, arch, defines, tag="qgemv")
 
 

@@ -53,6 +53,24 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// Every kernel here enters the dependent part of its work through `pdl_enter`: the wait, and the
+// trigger that lets the next launch start. By default the trigger follows the wait, so at most the
+// next launch runs ahead; NINFER_PDL_EARLY=1 (kernel feature `pdl_early`) triggers first, so the next
+// launch can start (and issue its own weight copies) while this one still waits for its predecessor.
+// Either order is safe: the next launch's own wait still waits for this whole launch.
+#ifndef NINFER_PDL_EARLY
+#define NINFER_PDL_EARLY 0
+#endif
+__device__ __forceinline__ void pdl_enter() {
+  if (NINFER_PDL_EARLY) {
+    pdl_trigger();
+    pdl_wait();
+  } else {
+    pdl_wait();
+    pdl_trigger();
+  }
+}
+
 __device__ __forceinline__ uint4 ld_dep16(const void* p) {
   uint4 v;
   asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -183,8 +201,7 @@ __device__ __forceinline__ void gemv_body(const T* __restrict__ x, const uint8_t
 #pragma unroll
     for (int b = 0; b < B; ++b) acc[r][b] = 0.f;
 
-  pdl_wait();
-  pdl_trigger();
+  pdl_enter();
   if (row0 < n_rows) {
     for (uint32_t c = kpart * 32u + lane; c < chunks; c += 32u * ks) {
       // weights of the ROWS rows for chunk c: 16 B (q4/5/6) or 32 B (q8) of base each
@@ -358,8 +375,7 @@ __device__ __forceinline__ void v3_body(const __nv_bfloat16* __restrict__ x, con
   const uint32_t cbeg = kpart * chunks / ks, cend = (kpart + 1u) * chunks / ks;
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  pdl_wait();
-  pdl_trigger();
+  pdl_enter();
   if (row0 < n_rows) {
     const uint32_t ra = row0 + g, rb = ra + 8u;
     const uint8_t* pa = base + ra * (groups * 32u) + c * 8u;
@@ -950,8 +966,7 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   extern __shared__ __align__(16) uint8_t v4_smem[];
   if (NINFER_V4_DIAG == 3) {
     if (PDL) {
-      pdl_wait();
-      pdl_trigger();
+      pdl_enter();
     }
     return;
   }
@@ -1006,8 +1021,7 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
     }
   }
   if (PDL) {  // the weight copies above do not depend on the previous kernel; nothing else before here does
-    pdl_wait();
-    pdl_trigger();
+    pdl_enter();
   }
   // NINFER_V4_RES_EARLY: the residual element this thread adds in the K-split epilogue below (its
   // first output there: blockDim.x >= the block's outputs x 128 in V4_ADD), read now
@@ -1263,8 +1277,7 @@ __device__ __forceinline__ void dense_body(const __nv_bfloat16* __restrict__ x, 
   float acc[B];
 #pragma unroll
   for (int b = 0; b < B; ++b) acc[b] = 0.f;
-  pdl_wait();
-  pdl_trigger();
+  pdl_enter();
   for (uint32_t i0 = tid; i0 < vecs; i0 += DENSE_THREADS * DENSE_UNROLL) {
     uint4 wv[DENSE_UNROLL];
 #pragma unroll
@@ -1383,8 +1396,7 @@ template <typename TW>
 __device__ __forceinline__ void rms_norm_body(const __nv_bfloat16* x, const TW* __restrict__ w, __nv_bfloat16* y,
                                               uint32_t k, float eps, float offset, uint8_t* xq = nullptr) {
   if (NINFER_NORM_DIAG == 1) {
-    pdl_wait();
-    pdl_trigger();
+    pdl_enter();
     return;
   }
   __shared__ float red[NORM_THREADS / 32];
@@ -1393,8 +1405,7 @@ __device__ __forceinline__ void rms_norm_body(const __nv_bfloat16* x, const TW* 
 #pragma unroll
   for (uint32_t j = 0; j < NORM_VECS; ++j)
     if (tid + j * NORM_THREADS < vecs) norm_weight8(w, tid + j * NORM_THREADS, offset, wv[j]);
-  pdl_wait();
-  pdl_trigger();
+  pdl_enter();
   const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<size_t>(blockIdx.x) * k);
   uint4 xv[NORM_VECS];
 #pragma unroll

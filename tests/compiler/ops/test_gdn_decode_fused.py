@@ -246,3 +246,18 @@ def test_shapes_fit_any_head_width():
             sh = fused.shape_for(rows, dv)
             assert sh.bv == 0 or (dv % sh.bv == 0 and sh.bv <= dv), (rows, dv, sh)
     assert fused.shape_for(None, 32).bv == 32 and fused.shape_for(None, 128).bv == fused.SHAPES[None].bv
+
+
+def test_launch_shapes_follow_the_kernel_features(monkeypatch):
+    import tvm
+
+    from ninfer_compiler.ops import gdn_decode_fused as fused
+
+    with tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}):
+        monkeypatch.setenv("NINFER_KERNELS", "+gdn_step_by_batch,-gdn_step_one_row_chunked")
+        assert fused.launch_shapes(128) == {rows: fused.shape_for(rows, 128) for rows in fused.SHAPES}
+        assert fused.launch_shapes(128)[1].bv == 0  # the whole slice at one row
+        monkeypatch.setenv("NINFER_KERNELS", "+gdn_step_by_batch,+gdn_step_one_row_chunked")
+        assert fused.launch_shapes(128)[1] == fused.shape_for(4, 128) and fused.shape_for(4, 128).bv == 64
+        monkeypatch.setenv("NINFER_KERNELS", "-gdn_step_by_batch")
+        assert fused.launch_shapes(128) == {None: fused.shape_for(1, 128)}

@@ -5,7 +5,8 @@ still runs, so its SASS must wait for it (`ACQBULK`, from Triton's `gdc_wait`) b
 memory access, and the launchers must ask for PDL exactly for such images. The exceptions
 (`EARLY_READS`) read before the wait only what no kernel of the decode step writes (their own
 recurrent state, last written in the previous step, parameters and the step's slot table), and
-never write before it."""
+never write before it: with the kernel feature `pdl_early` the trigger (`PREEXIT`) comes before the
+wait, so a kernel may start while kernels earlier than its predecessor still run."""
 
 from __future__ import annotations
 
@@ -68,14 +69,14 @@ def test_early_reads_touch_only_step_constant_data():
                "conv1d_decode_kernel": conv1d_decode.conv1d_decode_kernel}
     for fn_name, allowed in EARLY_READS.values():
         source = inspect.getsource(kernels[fn_name].fn)
-        early = source[source.index('"""', source.index('"""') + 3):source.index("gdc_wait()")]
+        early = source[source.index('"""', source.index('"""') + 3):source.index("pdl_enter(PDL)")]
         loads = set(re.findall(r"tl\.load\(\s*(\w+)", early))
         assert loads and loads <= allowed, (fn_name, loads - allowed)
         assert "tl.store" not in early and "atomic" not in early, fn_name
         for alias in allowed & {"s_ptr", "hist"}:  # pointers into the kernel's own state
             assert re.search(rf"{alias} = state \+", early), (fn_name, alias)
     gdn = inspect.getsource(gdn_decode_fused.gdn_decode_kernel.fn)
-    early = gdn[:gdn.index("gdc_wait()")]
+    early = gdn[:gdn.index("pdl_enter(PDL)")]
     gated = early[early.index("if GATE_K > 0:"):]  # the gate weights are read early only when they are weights
     assert "tl.load(a_in" not in early.replace(gated, "") and "tl.load(a_in" in gated
 
@@ -83,8 +84,12 @@ def test_early_reads_touch_only_step_constant_data():
 WRITE = re.compile(r"\b(STG|ST|ATOM|ATOMG|RED)\b")
 
 
-def test_pdl_images_wait_before_touching_memory(tmp_path):
+@pytest.mark.parametrize("early", [False, True], ids=["wait-first", "trigger-first"])
+def test_pdl_images_wait_before_touching_memory(tmp_path, monkeypatch, early):
+    """Every image waits before its first memory access (EARLY_READS: its first write), and triggers
+    the next launch after the wait by default, before it with the kernel feature `pdl_early`."""
     require_tool("nvcc", "Triton's ptxas builds the images")
+    monkeypatch.setenv("NINFER_KERNELS", "+pdl_early" if early else "-pdl_early")
     for name, img in _images("sm_90a").items():
         cubin = tmp_path / "k.cubin"
         cubin.write_bytes(img.cubin)
@@ -96,6 +101,8 @@ def test_pdl_images_wait_before_touching_memory(tmp_path):
         touch = WRITE if name.split(",")[0] in EARLY_READS else MEMORY
         first = next((i for i, op in enumerate(ops) if touch.search(op)), len(ops))
         assert wait is not None and wait < first, (name, ops[: first + 1])
+        trigger = [i for i, op in enumerate(ops) if op.startswith("PREEXIT")]
+        assert len(trigger) == 1 and (trigger[0] < wait if early else trigger[0] > wait), (name, ops[: wait + 2])
 
 
 def test_launchers_ask_for_pdl_for_every_triton_decode_kernel():

@@ -239,6 +239,48 @@ def loop_local_accesses(sass: str) -> dict[str, list[str]]:
     return out
 
 
+def pdl_order(sass: str) -> dict[str, str]:
+    """Per function of a `cuobjdump -sass` listing that uses PDL: whether its first PDL wait
+    (`ACQBULK`) comes before its trigger of the next launch (`PREEXIT`) or after it."""
+    out = {}
+    parts = re.split(r"\n\s+Function : (\w+)\n", sass)
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        ops = [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", body)]
+        wait = next((i for i, op in enumerate(ops) if op.startswith("ACQBULK")), None)
+        trigger = next((i for i, op in enumerate(ops) if op.startswith("PREEXIT")), None)
+        if wait is not None or trigger is not None:
+            out[name] = "missing" if None in (wait, trigger) else ("wait first" if wait < trigger else "trigger first")
+    return out
+
+
+def test_pdl_early_build_triggers_before_waiting(tmp_path):
+    """NINFER_PDL_EARLY=1 (kernel feature `pdl_early`): every kernel of the source that uses PDL lets
+    the next launch start before its wait (the default build's order is checked above)."""
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    from ninfer_compiler.codegen.toolchain import nvcc_path
+
+    cubin = tmp_path / "k.cubin"
+    proc = subprocess.run(
+        [nvcc_path(), "-cubin", "-O3", "-std=c++17", "-DNINFER_GEMV_SKIP_V2", "-DNINFER_PDL_EARLY=1",
+         "-gencode=arch=compute_90a,code=sm_90a", str(qgemv.DEVICE_SOURCE), "-o", str(cubin)],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sass = subprocess.run([str(_cuobjdump()), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    order = pdl_order(sass)
+    assert {"ninfer_rms_norm_wbf16", "ninfer_qgemv4e_q5_add", "ninfer_qgemv4e_q4_swiglu"} <= set(order)
+    assert set(order.values()) == {"trigger first"}, order
+
+
+def test_pdl_early_feature_sets_the_cuda_switch(monkeypatch):
+    from ninfer_compiler.ops import pdl
+
+    monkeypatch.setenv("NINFER_KERNELS", "+pdl_early")
+    assert pdl.cuda_defines() == ("NINFER_PDL_EARLY=1",) and pdl.pdl_mode() == pdl.TRIGGER_FIRST
+    monkeypatch.setenv("NINFER_KERNELS", "-pdl_early")
+    assert pdl.cuda_defines() == () and pdl.pdl_mode() == pdl.WAIT_FIRST
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a", "sm_121a"])
 def test_v4_compiles_without_spills_in_loops(arch, tmp_path):
     """Under the register cap (NINFER_V4_MAXREG) ptxas may keep a few loop-invariant values in local
@@ -263,6 +305,8 @@ def test_v4_compiles_without_spills_in_loops(arch, tmp_path):
     assert {name: int(spills[name]) for name in norms if int(spills[name])} == {}
     assert {name: int(spills[name]) for name in v4 if int(spills[name]) > 32} == {}
     sass = subprocess.run([str(_cuobjdump()), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    if arch == "sm_90a":  # PDL: by default every kernel waits, then lets the next launch start
+        assert pdl_order(sass) and set(pdl_order(sass).values()) == {"wait first"}
     local = loop_local_accesses(sass)
     assert v4 | norms <= set(local)
     assert {name: ops for name, ops in local.items() if any(op.startswith("STL") for op in ops)} == {}
