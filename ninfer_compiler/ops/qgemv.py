@@ -96,10 +96,15 @@ def codes_key() -> str:
     return f"NINFER_CODES_KEY=0x{digest}"
 
 
+def fatbin_defines(dense: bool = False) -> tuple[str, ...]:
+    """The nvcc switches of the package's kernels (`dense`: the dense kernels alone; the code-pair
+    header's key; the PDL order of the kernel feature `pdl_early`)."""
+    return (("NINFER_GEMV_DENSE_ONLY",) if dense else ()) + (codes_key(),) + pdl.cuda_defines()
+
+
 def fatbin(arch: str, dense: bool = False) -> bytes:
     """nvcc's fatbin of the kernels for `arch` (SASS only, cached; `dense`: the dense kernels alone)."""
-    defines = (("NINFER_GEMV_DENSE_ONLY",) if dense else ()) + (codes_key(),) + pdl.cuda_defines()
-    return nvcc_fatbin(DEVICE_SOURCE, arch, defines, tag="qgemv")
+    return nvcc_fatbin(DEVICE_SOURCE, arch, fatbin_defines(dense), tag="qgemv")
 
 
 def host_source(arch: str, dense: bool = False) -> str:

@@ -114,9 +114,8 @@ def variant_hooks(defines: list[str]):  # noqa: ANN201 (two functions replacing 
 
     host = q.host_source
 
-    def fatbin(arch: str, dense: bool = False) -> bytes:
-        extra = ("NINFER_GEMV_DENSE_ONLY",) if dense else ()
-        return nvcc_fatbin(q.DEVICE_SOURCE, arch, (*extra, q.codes_key(), *defines), tag="qgemv")
+    def fatbin(arch: str, dense: bool = False) -> bytes:  # the package's own switches, then the variant's
+        return nvcc_fatbin(q.DEVICE_SOURCE, arch, (*q.fatbin_defines(dense), *defines), tag="qgemv")
 
     def host_source(arch: str, dense: bool = False) -> str:
         text = host(arch, dense)

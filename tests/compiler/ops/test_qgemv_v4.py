@@ -162,6 +162,13 @@ def test_bench_variants_set_kernel_and_launcher_ring_depths(monkeypatch):
     assert "#define NINFER_V4_Q5_KS_FEW_ROWS 8" in qgemv.host_source("sm_90a")
     text = bench_27b.variant_hooks(["NINFER_V4_Q5_KS_FEW_ROWS=4"])[1]("sm_90a")
     assert "#define NINFER_V4_Q5_KS_FEW_ROWS 4" in text and "ks > NINFER_V4_Q5_KS_FEW_ROWS" in text
+    # the variant's fatbin keeps the package's own switches (a kernel feature's too) and adds its own
+    seen = []
+    monkeypatch.setattr("ninfer_compiler.codegen.toolchain.nvcc_fatbin",
+                        lambda source, arch, defines=(), tag=None: seen.append(defines) or b"\x02")
+    monkeypatch.setenv("NINFER_KERNELS", "+pdl_early")
+    assert bench_27b.variant_hooks(["NINFER_V4_DIAG=3"])[0]("sm_90a") == b"\x02"
+    assert seen == [(*qgemv.fatbin_defines(), "NINFER_V4_DIAG=3")] and "NINFER_PDL_EARLY=1" in seen[0]
     assert bench_27b.parse_variant("rings=NINFER_V4_STAGES_Q4=3,NINFER_V4_DIAG") == (
         "rings", ["NINFER_V4_STAGES_Q4=3", "NINFER_V4_DIAG"])
     for bad in ("rings", "rings=", "=NINFER_V4_DIAG=1", "a/b=X=1", "rings=X=1,", "rings=-DX"):
