@@ -96,9 +96,11 @@ KERNEL_FEATURES: dict[str, bool] = {
     # H200 8.50 -> 7.83 us at 2 rows, 14.77 -> 10.53 at 4, 22.77 -> 17.60 at 8 (docs/kernels/gdn-decode.md)
     "gdn_step_by_batch": True,
     # the decode chain's kernels (ops/pdl.py) let the next launch start before their PDL wait rather
-    # than after it, so a GEMV behind a norm, the convolution or the GDN step can issue its weight
-    # copies while that kernel still waits for the one before; not yet measured on a GPU
-    "pdl_early": False,
+    # than after it, so a GEMV behind a norm, the convolution or the GDN step becomes resident and
+    # issues its weight copies while the GEMV before that norm still runs (with the q5 ring at 2
+    # stages, which leaves the shared memory for it): 27B decode on an H100, GPU time per step,
+    # 7.508 -> 7.200 ms at one request, 9.285 -> 8.717 at eight (docs/performance.md, seventeenth pass)
+    "pdl_early": True,
     # ... and at one row in the 2-4-row shape (chunks of 64, 4 warps, 30 K registers a program
     # against the whole slice's 54 K), so the output projection's blocks, whose weight copies run
     # under the step's PDL wait, fit beside its programs on their 48 multiprocessors; per launch

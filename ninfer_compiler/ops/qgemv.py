@@ -67,7 +67,7 @@ DENSE_SYMBOL = "ninfer_dense_gemv"
 DENSE_PAIR_SYMBOL = "ninfer_dense_gemv_pair"
 DENSE_MAX_ROWS = 256  # one block per row: small N only (cuBLAS-level or better up to ~256 rows; see notes)
 MAX_ROWS = 8  # decode batch rows per weight read (larger batches loop in the launcher)
-V4_STAGES = {4: 2, 5: 3, 6: 2}  # v4 ring depth per format (NINFER_V4_STAGES_Q* in both sources)
+V4_STAGES = {4: 2, 5: 2, 6: 2}  # v4 ring depth per format (NINFER_V4_STAGES_Q* in both sources)
 
 
 def supported(x: nn.Tensor, rows: int, in_features: int) -> bool:

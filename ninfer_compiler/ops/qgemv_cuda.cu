@@ -517,7 +517,7 @@ NINFER_QGEMV3(6, float, f32)
 #define NINFER_V4_STAGES_Q4 2
 #endif
 #ifndef NINFER_V4_STAGES_Q5
-#define NINFER_V4_STAGES_Q5 3
+#define NINFER_V4_STAGES_Q5 2
 #endif
 #ifndef NINFER_V4_STAGES_Q6
 #define NINFER_V4_STAGES_Q6 2

@@ -76,7 +76,7 @@ constexpr uint32_t kXqGroups = 8192;  // qgemv_cuda.cu V4_XQ_GROUPS: the SwiGLU'
 
 // v4's ring depth per format; must equal the kernel's (tests/compiler/ops/test_qgemv_v4.py checks).
 #define NINFER_V4_STAGES_Q4 2
-#define NINFER_V4_STAGES_Q5 3
+#define NINFER_V4_STAGES_Q5 2
 #define NINFER_V4_STAGES_Q6 2
 constexpr uint32_t kV4MaxWarps = 8;
 // The largest K split of a q5 residual-add or plain v4 launch at one or two activation rows (a
