@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import os
 import secrets
 import threading
@@ -395,6 +396,10 @@ class Engine:
         """The chosen token becomes the request's next output (stop checks, stats, delivery)."""
         if req.cancel_requested:
             return  # reaped at the end of this step
+        if math.isnan(choice.logprob) or not 0 <= choice.token < self.vocab_size:
+            self._finish(req, "error", error=f"the model's logits were not finite at this step (token "
+                                             f"{choice.token}, log-probability {choice.logprob})")
+            return
         now = time.perf_counter()
         stats = req.handle.stats
         token = choice.token

@@ -73,8 +73,11 @@ def combine_kernel(ws_max, ws_idx, ws_sum, token, logprob, SPLITS: tl.constexpr,
     big = tl.max(m, 0)
     tok = tl.min(tl.where(m == big, i, 2147483647), 0)
     total = tl.sum(a * tl.exp(m - big), 0)  # a slice of -inf only has a = 0 and exp(-inf) = 0
-    tl.store(token + row, tok)
-    tl.store(logprob + row, -tl.log(total))  # log p = x_max - (x_max + log sum exp(x - x_max))
+    # NaN logits leave no maximum to point at: token 0 rather than an id past the vocabulary (which a
+    # step queued behind this one would look up), and a NaN log-probability, which the engine refuses
+    ok = tok != 2147483647
+    tl.store(token + row, tl.where(ok, tok, 0))
+    tl.store(logprob + row, tl.where(ok, -tl.log(total), float("nan")))  # log p = -log sum exp(x - x_max)
 
 
 def images(arch: str) -> tuple[KernelImage, KernelImage]:
@@ -135,7 +138,10 @@ def _te_greedy(logits: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
     def first_max(x: te.Tensor, mx: te.Tensor) -> te.Tensor:
         k = te.reduce_axis((0, vocab), name="k")
         big = tirx.const(2147483647, "int32")
-        return te.compute((rows,), lambda i: te.min(tirx.Select(x[i, k] == mx[i], k.astype("int32"), big), axis=k),
+        first = te.compute((rows,), lambda i: te.min(tirx.Select(x[i, k] == mx[i], k.astype("int32"), big), axis=k),
+                           name="greedy_first")
+        # NaN logits leave no maximum to point at: token 0, never an id past the vocabulary
+        return te.compute((rows,), lambda i: tirx.Select(first[i] == big, tirx.const(0, "int32"), first[i]),
                           name="greedy_token")
 
     def logprob(x: te.Tensor, mx: te.Tensor) -> te.Tensor:
@@ -213,8 +219,9 @@ def greedy_gpu_func(vocab: int, bound: bool = True):  # noqa: ANN201 (a tirx.Pri
                         acc[2] = m_sh[t]
                         acc[1] = acc[1] + T.if_then_else(acc[2] == T.float32("-inf"), T.float32(0),
                                                          s_sh[t] * T.exp(acc[2] - acc[0]))
-                    tok[b] = best[0]
-                    lp[b] = T.float32(0) - T.log(acc[1])
+                    # NaN logits: token 0 (never an id past the vocabulary) and a NaN log-probability
+                    tok[b] = T.if_then_else(best[0] == T.int32(big), T.int32(0), best[0])
+                    lp[b] = T.if_then_else(best[0] == T.int32(big), T.float32("nan"), T.float32(0) - T.log(acc[1]))
 
     return greedy_gpu
 

@@ -115,3 +115,32 @@ def test_a_mixed_batch_samples_only_its_sampling_rows_on_the_host(make_engine, m
     handles, _ = staggered(engine, [(a, greedy), (b, sampled)], (0, 0))
     assert [h.output_ids for h in handles] == reference
     assert (2, [1]) in asked and all(len(want) == 1 for _, want in asked)
+
+
+def test_a_non_finite_step_ends_its_request_with_an_error_and_the_engine_keeps_serving(make_engine, monkeypatch):
+    """A device choice with a NaN log-probability (the model's logits were NaN; the greedy kernels
+    then choose token 0, never an id past the vocabulary) ends that request with an error naming it;
+    the request beside it and the next one generate as usual."""
+    engine = make_engine()
+    params = GenerationParams(max_tokens=6, sampling=GREEDY, ignore_eos=True)
+    reference = [tokens_of(alone(engine, p, params)) for p in prompts((9, 14))]
+    poisoned, real = {"left": 1}, engine.runner.decode_greedy_async
+
+    def nan_once(seqs, tokens, **kwargs):
+        pending = real(seqs, tokens, **kwargs)
+        if len(seqs) == 2 and poisoned["left"]:
+            poisoned["left"] -= 1
+            ids, logprobs = (a.copy() for a in pending.result())
+            ids[0], logprobs[0] = 0, np.nan
+            pending._result = (ids, logprobs)  # noqa: SLF001 (the step's first row came out NaN)
+        return pending
+
+    monkeypatch.setattr(engine.runner, "decode_greedy_async", nan_once)
+    handles = [engine.submit(p, params) for p in prompts((9, 14))]
+    engine.run_until_idle()
+    first, second = handles
+    assert first.finish_reason == "error" and "not finite" in first.error
+    assert second.finish_reason == "length" and second.output_ids == reference[1]
+    after = engine.submit(prompts((9,))[0], params)
+    engine.run_until_idle()
+    assert after.finish_reason == "length" and after.output_ids == reference[0]

@@ -79,6 +79,51 @@ def test_te_op_and_tir_gpu_form_match_numpy(form):
     np.testing.assert_allclose(logprob.numpy(), ref_lp, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("form", ["triton", "te", "gpu-tir-serial"])
+def test_nan_logits_choose_token_zero_and_a_nan_logprob(form):
+    """A row of NaN logits (a broken model) must not become an id past the vocabulary, which a
+    decode step queued behind this one would look up in the embedding: token 0 and a NaN
+    log-probability, which the engine turns into an error for that request. Other rows unchanged."""
+    import contextlib
+
+    vocab = 1000
+    x = logits_rows(vocab)
+    x[2, :] = np.nan
+    ref_token, ref_lp = reference(x)
+    if form == "triton":
+        from ninfer_compiler.ops.greedy import BLOCK, SPLITS, combine_kernel, partial_kernel
+        from ninfer_compiler.ops.triton_aot import interpreted
+
+        rows = x.shape[0]
+        ws_max, ws_sum = torch.zeros((rows, SPLITS)), torch.zeros((rows, SPLITS))
+        ws_idx = torch.zeros((rows, SPLITS), dtype=torch.int32)
+        token, logprob = torch.full((rows,), -1, dtype=torch.int32), torch.zeros(rows)
+        interpreted(partial_kernel)[(rows, SPLITS)](torch.tensor(x), ws_max, ws_idx, ws_sum, vocab,
+                                                    SPLITS=SPLITS, BLOCK=BLOCK)
+        interpreted(combine_kernel)[(rows,)](ws_max, ws_idx, ws_sum, token, logprob, SPLITS=SPLITS)
+        token, logprob = token.numpy(), logprob.numpy()
+    else:
+        import tvm
+        from tvm.relax.frontend import nn
+
+        from ninfer_compiler.build import compile_module, load_vm
+        from ninfer_compiler.ops.common import serial_gpu_kernels
+        from ninfer_compiler.ops.greedy import greedy_choice
+
+        class Choice(nn.Module):
+            def forward(self, x: nn.Tensor):
+                return greedy_choice(x)
+
+        with serial_gpu_kernels() if form != "te" else contextlib.nullcontext():
+            mod, _ = Choice().export_tvm({"forward": {"x": nn.spec.Tensor([4, vocab], "float32")}})
+        out = load_vm(compile_module(mod, "llvm"))["forward"](tvm.runtime.tensor(x))
+        token, logprob = out[0].numpy(), out[1].numpy()
+    assert token[2] == 0 and np.isnan(logprob[2])
+    keep = [0, 1, 3]
+    np.testing.assert_array_equal(token[keep], ref_token[keep])
+    np.testing.assert_allclose(logprob[keep], ref_lp[keep], rtol=1e-5, atol=1e-5)
+
+
 def test_builds_for_every_cuda_arch():
     from ninfer_compiler.ops.greedy import images
 
