@@ -397,8 +397,8 @@ class Engine:
         if req.cancel_requested:
             return  # reaped at the end of this step
         if math.isnan(choice.logprob) or not 0 <= choice.token < self.vocab_size:
-            self._finish(req, "error", error=f"the model's logits were not finite at this step (token "
-                                             f"{choice.token}, log-probability {choice.logprob})")
+            self._finish(req, "error", error=f"no valid token at this step: the model's logits were not finite "
+                                             f"(token {choice.token}, log-probability {choice.logprob})")
             return
         now = time.perf_counter()
         stats = req.handle.stats

@@ -104,7 +104,8 @@ KERNEL_FEATURES: dict[str, bool] = {
     # ... and at one row in the 2-4-row shape (chunks of 64, 4 warps, 30 K registers a program
     # against the whole slice's 54 K), so the output projection's blocks, whose weight copies run
     # under the step's PDL wait, fit beside its programs on their 48 multiprocessors; per launch
-    # alone 6.82 against 6.86 us (docs/kernels/gdn-decode.md); not yet measured in the decode graph
+    # alone 6.82 against 6.86 us (docs/kernels/gdn-decode.md); in the 27B decode graph on an H100
+    # 7.446 -> 7.406 ms at one request, within a run's spread (docs/performance.md, seventeenth pass)
     "gdn_step_one_row_chunked": False,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
     # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)

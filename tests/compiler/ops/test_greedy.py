@@ -27,13 +27,12 @@ def logits_rows(vocab: int) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("vocab", [1000, 70001])
-def test_interpreter_matches_numpy(vocab):
+def triton_choice(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The two Triton kernels in Triton's interpreter (workspaces poisoned with NaN / -1)."""
     from ninfer_compiler.ops.greedy import BLOCK, SPLITS, combine_kernel, partial_kernel
     from ninfer_compiler.ops.triton_aot import interpreted
 
-    x = logits_rows(vocab)
-    rows = x.shape[0]
+    rows, vocab = x.shape
     ws_max = torch.full((rows, SPLITS), float("nan"))
     ws_idx = torch.full((rows, SPLITS), -1, dtype=torch.int32)
     ws_sum = torch.full((rows, SPLITS), float("nan"))
@@ -42,21 +41,18 @@ def test_interpreter_matches_numpy(vocab):
     interpreted(partial_kernel)[(rows, SPLITS)](torch.tensor(x), ws_max, ws_idx, ws_sum, vocab,
                                                 SPLITS=SPLITS, BLOCK=BLOCK)
     interpreted(combine_kernel)[(rows,)](ws_max, ws_idx, ws_sum, token, logprob, SPLITS=SPLITS)
-    ref_token, ref_lp = reference(x)
-    np.testing.assert_array_equal(token.numpy(), ref_token)
-    assert token.numpy()[1] == 7 and token.numpy()[3] == 0
-    np.testing.assert_allclose(logprob.numpy(), ref_lp, rtol=1e-5, atol=1e-5)
+    return token.numpy(), logprob.numpy()
 
 
-@pytest.mark.parametrize("form", ["te", "gpu-tir-serial"])
-def test_te_op_and_tir_gpu_form_match_numpy(form):
-    """The TE op (CPU packages) and the thread-bound TIR form (reference-kernel CUDA packages; its
-    serial form here computes what the GPU does)."""
+def tvm_choice(x: np.ndarray, form: str) -> tuple[np.ndarray, np.ndarray]:
+    """The TE op (`te`: CPU packages) or the thread-bound TIR form (`gpu-tir-serial`: reference-kernel
+    CUDA packages; its serial form computes what the GPU does), built for llvm and run."""
     import contextlib
 
     import tvm
     from tvm.relax.frontend import nn
 
+    from ninfer_compiler.build import compile_module, load_vm
     from ninfer_compiler.ops.common import serial_gpu_kernels
     from ninfer_compiler.ops.greedy import greedy_choice
 
@@ -64,19 +60,31 @@ def test_te_op_and_tir_gpu_form_match_numpy(form):
         def forward(self, x: nn.Tensor):
             return greedy_choice(x)
 
-    vocab = 1000
     with serial_gpu_kernels() if form != "te" else contextlib.nullcontext():
-        mod, _ = Choice().export_tvm({"forward": {"x": nn.spec.Tensor([4, vocab], "float32")}})
+        mod, _ = Choice().export_tvm({"forward": {"x": nn.spec.Tensor(list(x.shape), "float32")}})
     if form != "te":
         assert "greedy_choice_gpu" in mod.script()
-    from ninfer_compiler.build import compile_module, load_vm
+    token, logprob = load_vm(compile_module(mod, "llvm"))["forward"](tvm.runtime.tensor(x))
+    return token.numpy(), logprob.numpy()
 
-    vm = load_vm(compile_module(mod, "llvm"))
+
+@pytest.mark.parametrize("vocab", [1000, 70001])
+def test_interpreter_matches_numpy(vocab):
     x = logits_rows(vocab)
-    token, logprob = vm["forward"](tvm.runtime.tensor(x))
+    token, logprob = triton_choice(x)
     ref_token, ref_lp = reference(x)
-    np.testing.assert_array_equal(token.numpy(), ref_token)
-    np.testing.assert_allclose(logprob.numpy(), ref_lp, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(token, ref_token)
+    assert token[1] == 7 and token[3] == 0
+    np.testing.assert_allclose(logprob, ref_lp, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["te", "gpu-tir-serial"])
+def test_te_op_and_tir_gpu_form_match_numpy(form):
+    x = logits_rows(1000)
+    token, logprob = tvm_choice(x, form)
+    ref_token, ref_lp = reference(x)
+    np.testing.assert_array_equal(token, ref_token)
+    np.testing.assert_allclose(logprob, ref_lp, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("form", ["triton", "te", "gpu-tir-serial"])
@@ -84,40 +92,10 @@ def test_nan_logits_choose_token_zero_and_a_nan_logprob(form):
     """A row of NaN logits (a broken model) must not become an id past the vocabulary, which a
     decode step queued behind this one would look up in the embedding: token 0 and a NaN
     log-probability, which the engine turns into an error for that request. Other rows unchanged."""
-    import contextlib
-
-    vocab = 1000
-    x = logits_rows(vocab)
+    x = logits_rows(1000)
     x[2, :] = np.nan
+    token, logprob = triton_choice(x) if form == "triton" else tvm_choice(x, form)
     ref_token, ref_lp = reference(x)
-    if form == "triton":
-        from ninfer_compiler.ops.greedy import BLOCK, SPLITS, combine_kernel, partial_kernel
-        from ninfer_compiler.ops.triton_aot import interpreted
-
-        rows = x.shape[0]
-        ws_max, ws_sum = torch.zeros((rows, SPLITS)), torch.zeros((rows, SPLITS))
-        ws_idx = torch.zeros((rows, SPLITS), dtype=torch.int32)
-        token, logprob = torch.full((rows,), -1, dtype=torch.int32), torch.zeros(rows)
-        interpreted(partial_kernel)[(rows, SPLITS)](torch.tensor(x), ws_max, ws_idx, ws_sum, vocab,
-                                                    SPLITS=SPLITS, BLOCK=BLOCK)
-        interpreted(combine_kernel)[(rows,)](ws_max, ws_idx, ws_sum, token, logprob, SPLITS=SPLITS)
-        token, logprob = token.numpy(), logprob.numpy()
-    else:
-        import tvm
-        from tvm.relax.frontend import nn
-
-        from ninfer_compiler.build import compile_module, load_vm
-        from ninfer_compiler.ops.common import serial_gpu_kernels
-        from ninfer_compiler.ops.greedy import greedy_choice
-
-        class Choice(nn.Module):
-            def forward(self, x: nn.Tensor):
-                return greedy_choice(x)
-
-        with serial_gpu_kernels() if form != "te" else contextlib.nullcontext():
-            mod, _ = Choice().export_tvm({"forward": {"x": nn.spec.Tensor([4, vocab], "float32")}})
-        out = load_vm(compile_module(mod, "llvm"))["forward"](tvm.runtime.tensor(x))
-        token, logprob = out[0].numpy(), out[1].numpy()
     assert token[2] == 0 and np.isnan(logprob[2])
     keep = [0, 1, 3]
     np.testing.assert_array_equal(token[keep], ref_token[keep])
