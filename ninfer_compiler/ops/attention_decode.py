@@ -161,6 +161,8 @@ def _combine_kernel(
     keys, per_split, used = _split_plan(lens_ptr, b, tl.num_programs(1), HKV, NS, BLOCK_N, TARGET)
     cols = tl.arange(0, D)
     base = ws_ptr + b.to(tl.int64) * (HQ * NS * (D + 1))
+    if GATED:  # loaded first: its latency overlaps the partials'
+        g = tl.load(gate_ptr + (b * HQ + h) * D + cols).to(tl.float32)
     # running maximum (the same in every lane), weighted sums per lane, reduced once at the end
     m = tl.full([CHUNK], float("-inf"), tl.float32)
     den = tl.zeros([CHUNK], tl.float32)
@@ -178,7 +180,6 @@ def _combine_kernel(
         m = m_new
     out = tl.sum(acc, 0) / tl.sum(den, 0)
     if GATED:  # as the unfused `o * sigmoid(gate)` on the bf16 attention output
-        g = tl.load(gate_ptr + (b * HQ + h) * D + cols).to(tl.float32)
         out = out.to(tl.bfloat16).to(tl.float32) * (1.0 / (1.0 + tl.exp(-g)))
     tl.store(o_ptr + (b * HQ + h) * D + cols, out.to(o_ptr.dtype.element_ty))
     if XQ:  # (D % 64 == 0: this program's head is whole groups of the output row; more than 4

@@ -50,6 +50,18 @@ def prologue_kernel(q_raw, k_raw, v_raw, q_w, k_w, pos, inv_freq, pool, pages, l
     partner = tl.where(d < HALF, d + HALF, tl.where(rot, d - HALF, d))
     is_q = h < HQ
     kh = h - HQ
+    # every load first, so their latencies overlap (the norm's reduction is a block-wide barrier,
+    # which no later load would be issued across); a query head's V row is masked off
+    j = d % HALF
+    p_t = tl.load(pos + b * n_tok + t)
+    p_h = tl.load(pos + (batch + b) * n_tok + t)
+    p_w = tl.load(pos + (2 * batch + b) * n_tok + t)
+    freq = tl.load(inv_freq + j, mask=rot, other=0.0)
+    kv_h = tl.maximum(kh, 0)
+    v = tl.load(v_raw + (i * HKV + kv_h) * D + d, mask=d < tl.where(is_q, 0, D), other=0.0)
+    position = tl.load(lens + b).to(tl.int64) + t
+    page = tl.load(pages + b * max_pages + position // PS).to(tl.int64)
+    slot = ((layer.to(tl.int64) * num_pages + page) * 2 * HKV + kv_h) * PS + position % PS
     if is_q:
         src = q_raw + (i * HQ + h) * D
         x = tl.load(src + d).to(tl.float32)
@@ -66,25 +78,17 @@ def prologue_kernel(q_raw, k_raw, v_raw, q_w, k_w, pos, inv_freq, pool, pages, l
     n = (x * inv * (w + 1.0)).to(tl.bfloat16).to(tl.float32)
     n_p = (xp * inv * (wp + 1.0)).to(tl.bfloat16).to(tl.float32)
     # frequency pair j of the rotary features follows position row T, H or W (spec 1.2)
-    j = d % HALF
     use_h = ((j % 3) == 1) & (j < 3 * S_H)
     use_w = ((j % 3) == 2) & (j < 3 * S_W)
     row = tl.where(use_h, 1, tl.where(use_w, 2, 0))
-    p_t = tl.load(pos + b * n_tok + t)
-    p_h = tl.load(pos + (batch + b) * n_tok + t)
-    p_w = tl.load(pos + (2 * batch + b) * n_tok + t)
     p = tl.where(row == 1, p_h, tl.where(row == 2, p_w, p_t)).to(tl.float32)
-    angle = p * tl.load(inv_freq + j, mask=rot, other=0.0)
+    angle = p * freq
     sign = tl.where(d < HALF, -1.0, 1.0)
     y = tl.where(rot, n * tl.cos(angle) + sign * n_p * tl.sin(angle), n).to(tl.bfloat16)
     if is_q:
         tl.store(q_out + (i * HQ + h) * D + d, y)
     else:
-        position = tl.load(lens + b).to(tl.int64) + t
-        page = tl.load(pages + b * max_pages + position // PS).to(tl.int64)
-        slot = ((layer.to(tl.int64) * num_pages + page) * 2 * HKV + kh) * PS + position % PS
         tl.store(pool + slot * D + d, y)
-        v = tl.load(v_raw + (i * HKV + kh) * D + d)
         tl.store(pool + (slot + HKV * PS) * D + d, v)
 
 

@@ -90,15 +90,25 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
             wb = tl.load(b_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0)
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
         pdl_enter(PDL)
+    # After the wait: every input of this step at once, so their latencies overlap (each reduction
+    # below is a block-wide barrier, which no later load would be issued across)
     row = mixed + b.to(tl.int64) * C
     qr = tl.load(row + kh * DK + rk).to(tl.float32)
     kr = tl.load(row + HK * DK + kh * DK + rk).to(tl.float32)
+    zf = tl.load(z + (b * HV + j).to(tl.int64) * DV + rv).to(tl.float32)
+    if BV == 0:
+        v = tl.load(row + 2 * HK * DK + j * DV + rv).to(tl.float32)
+    if GATE_K > 0:
+        if GATE_ONCE:
+            hv = tl.load(h + b.to(tl.int64) * GATE_K + rg, mask=rg < GATE_K, other=0.0).to(tl.float32)
+    else:
+        a_pre = tl.load(a_in + b * HV + j).to(tl.float32)
+        b_pre = tl.load(b_in + b * HV + j).to(tl.float32)
     q = qr * tl.math.rsqrt(tl.sum(qr * qr, 0) + L2_EPS) * Q_SCALE
     k = kr * tl.math.rsqrt(tl.sum(kr * kr, 0) + L2_EPS)
 
     if GATE_K > 0:
         if GATE_ONCE:
-            hv = tl.load(h + b.to(tl.int64) * GATE_K + rg, mask=rg < GATE_K, other=0.0).to(tl.float32)
             a_dot = tl.sum(hv * wa.to(tl.float32), 0)
             b_dot = tl.sum(hv * wb.to(tl.float32), 0)
         else:
@@ -113,9 +123,6 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
             b_dot = tl.sum(acc_b, 0)
         a_pre = a_dot.to(tl.bfloat16).to(tl.float32)
         b_pre = b_dot.to(tl.bfloat16).to(tl.float32)
-    else:
-        a_pre = tl.load(a_in + b * HV + j).to(tl.float32)
-        b_pre = tl.load(b_in + b * HV + j).to(tl.float32)
     x = a_pre + dt_j
     soft = tl.where(x > SOFTPLUS_T, x, tl.log(1.0 + tl.exp(x)))
     g = -tl.exp(a_log_j) * soft
@@ -124,7 +131,6 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
     out_row = out + (b * HV + j).to(tl.int64) * DV
 
     if BV == 0:
-        v = tl.load(row + 2 * HK * DK + j * DV + rv).to(tl.float32)
         s = tl.where(fresh, 0.0, s) * decay
         ks = tl.sum(s * k[:, None], 0)
         u = beta * (v - ks)
@@ -161,7 +167,6 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
 
     inv = tl.math.rsqrt(sum_sq / DV + eps)
     normed = (ob * inv).to(tl.bfloat16).to(tl.float32)
-    zf = tl.load(z + (b * HV + j).to(tl.int64) * DV + rv).to(tl.float32)
     res = normed * w * zf * (1.0 / (1.0 + tl.exp(-zf)))
     tl.store(out_row + rv, res.to(tl.bfloat16))
     if XQ:  # (a batch of more than 4 rows: the GEMV reads `out`, so nothing is written)
