@@ -536,6 +536,14 @@ NINFER_QGEMV3(6, float, f32)
 #define NINFER_V4_MAXREG 80
 #endif
 #define NINFER_V4_BOUNDS __maxnreg__(NINFER_V4_MAXREG)
+// The same for the entries on int8 activations (their loop needs fewer registers: at 72 they keep
+// three blocks per SM with room for a block of the next launch, at 64 four fit without a spill in
+// the loop). A measurement knob until a run decides (`bench_27b.py prepare --variant
+// NAME=NINFER_V4_MAXREG_I8=72`).
+#ifndef NINFER_V4_MAXREG_I8
+#define NINFER_V4_MAXREG_I8 NINFER_V4_MAXREG
+#endif
+#define NINFER_V4_BOUNDS_I8 __maxnreg__(NINFER_V4_MAXREG_I8)
 #ifndef NINFER_V4_CP_HINT  // e.g. ".L2::256B" (an L2 prefetch size for the 16-byte copies)
 #define NINFER_V4_CP_HINT ""
 #endif
@@ -1188,7 +1196,7 @@ NINFER_QGEMV4E_MODES(6)
 // q4 / q5 on int8 activations (`v4_stage_i8`; x is the xq bytes, `e.x_scales` their scales; b <= 4).
 // The SwiGLU also writes its output as int8 activations when `e.xq_out` is set (`v4_xq_out`).
 #define NINFER_QGEMV4E_I8(BITS, MODE, TAG)                                                            \
-  extern "C" __global__ void NINFER_V4_BOUNDS                                                         \
+  extern "C" __global__ void NINFER_V4_BOUNDS_I8                                                      \
       ninfer_qgemv4e_q##BITS##_##TAG##_i8(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, \
                                           const __half* scales, __nv_bfloat16* y, uint32_t n_rows, uint32_t k, \
                                           uint32_t b_rows, uint32_t ks, const V4Epi e) {              \
@@ -1204,7 +1212,7 @@ NINFER_QGEMV4E_I8(5, V4_ADD, add)
 // The q5 residual add on int8 stages from bf16 x of one row, quantized by each warp for its own K
 // range (`XQS`): the mixers' output projections and the down projection, whose producers (the GDN
 // step, attention, the SwiGLU) write bf16 only.
-extern "C" __global__ void NINFER_V4_BOUNDS ninfer_qgemv4e_q5_add_i8s(
+extern "C" __global__ void NINFER_V4_BOUNDS_I8 ninfer_qgemv4e_q5_add_i8s(
     const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, const __half* scales, __nv_bfloat16* y,
     uint32_t n_rows, uint32_t k, uint32_t b_rows, uint32_t ks, const V4Epi e) {
   v4_body<5, __nv_bfloat16, true, V4_ADD, true, true>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u);
@@ -1238,7 +1246,7 @@ extern "C" __global__ void NINFER_V4_BOUNDS ninfer_qgemv4e_q45_multi(
 // The same on int8 activations (`v4_stage_i8`; x is the norm's xq bytes, `e.x_scales` their scales;
 // b <= 4): the mixers' projections of the input norm's output (the opt-in kernel feature
 // "gemv_int8_multi").
-extern "C" __global__ void NINFER_V4_BOUNDS ninfer_qgemv4e_q45_multi_i8(
+extern "C" __global__ void NINFER_V4_BOUNDS_I8 ninfer_qgemv4e_q45_multi_i8(
     const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, const __half* scales, __nv_bfloat16* y,
     uint32_t n_rows, uint32_t k, uint32_t b_rows, uint32_t ks, const V4Epi e, uint32_t blocks4, uint32_t ks5) {
   v4_multi45<true>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blocks4, ks5);
