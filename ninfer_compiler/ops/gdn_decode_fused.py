@@ -90,18 +90,16 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
             wb = tl.load(b_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0)
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
         pdl_enter(PDL)
-    # After the wait: every input of this step at once, so their latencies overlap (each reduction
-    # below is a block-wide barrier, which no later load would be issued across)
+    # After the wait: this step's inputs at once, so their latencies overlap (each reduction below is
+    # a block-wide barrier, which no later load would be issued across); all but the gate input `h`,
+    # which would cost the one-row form 31 registers a thread (215 -> 246), i.e. its co-residency
     row = mixed + b.to(tl.int64) * C
     qr = tl.load(row + kh * DK + rk).to(tl.float32)
     kr = tl.load(row + HK * DK + kh * DK + rk).to(tl.float32)
     zf = tl.load(z + (b * HV + j).to(tl.int64) * DV + rv).to(tl.float32)
     if BV == 0:
         v = tl.load(row + 2 * HK * DK + j * DV + rv).to(tl.float32)
-    if GATE_K > 0:
-        if GATE_ONCE:
-            hv = tl.load(h + b.to(tl.int64) * GATE_K + rg, mask=rg < GATE_K, other=0.0).to(tl.float32)
-    else:
+    if GATE_K == 0:
         a_pre = tl.load(a_in + b * HV + j).to(tl.float32)
         b_pre = tl.load(b_in + b * HV + j).to(tl.float32)
     q = qr * tl.math.rsqrt(tl.sum(qr * qr, 0) + L2_EPS) * Q_SCALE
@@ -109,6 +107,7 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
 
     if GATE_K > 0:
         if GATE_ONCE:
+            hv = tl.load(h + b.to(tl.int64) * GATE_K + rg, mask=rg < GATE_K, other=0.0).to(tl.float32)
             a_dot = tl.sum(hv * wa.to(tl.float32), 0)
             b_dot = tl.sum(hv * wb.to(tl.float32), 0)
         else:
