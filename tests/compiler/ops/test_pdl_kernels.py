@@ -118,3 +118,30 @@ def test_launchers_ask_for_pdl_for_every_triton_decode_kernel():
                    gdn_decode_fused.LAUNCHER, greedy.LAUNCHER):
         calls = re.findall(r"ninfer_cuda::launch\((.*?)\);", source, re.S)
         assert calls and all(re.search(r",\s*(/\*pdl=\*/)?true$", call.strip()) for call in calls), calls
+
+
+# image -> the runs of global loads its SASS has after the PDL wait (a run ends at a barrier, which
+# no later load is issued across): each run is one L2 round trip on the step's critical path, so the
+# step's inputs are loaded together (the GDN step keeps its gate input after the l2 norms: registers)
+POST_WAIT_LOAD_RUNS = {"attention prologue": 1, "attention combine, gated": 1, "gdn decode, folded gates": 2}
+
+
+def test_post_wait_loads_are_issued_together(tmp_path):
+    require_tool("nvcc", "Triton's ptxas builds the images")
+    images = _images("sm_90a")
+    for name, expected in POST_WAIT_LOAD_RUNS.items():
+        cubin = tmp_path / "k.cubin"
+        cubin.write_bytes(images[name].cubin)
+        sass = subprocess.run([str(_cuobjdump()), "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+        ops = [re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip())
+               for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
+        wait = next(i for i, op in enumerate(ops) if op.startswith("ACQBULK"))
+        runs, in_run = 0, False
+        for op in ops[wait + 1:]:
+            if op.startswith("LDG.") and ".CONSTANT" not in op.split()[0]:  # (the math library's tables)
+                runs += not in_run
+                in_run = True
+            elif op.startswith("BAR"):
+                in_run = False
+        assert runs == expected, (name, runs)

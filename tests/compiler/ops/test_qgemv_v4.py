@@ -360,12 +360,14 @@ def test_launcher_kernel_names_exist():
     listed = re.search(r'const char\* names\[6\] = \{("ninfer_qgemv4e_[^}]*)\}', cc).group(1)
     assert re.findall(r'"(\w+)"', listed) == [f"ninfer_qgemv4e_q{b}_{t}_i8" for b, _, t in i8] + [
         "ninfer_qgemv4e_q45_multi_i8", "ninfer_qgemv4e_q5_add_i8s"]
-    assert re.search(r'extern "C" __global__ void NINFER_V4_BOUNDS ninfer_qgemv4e_q5_add_i8s\(', cu)
-    assert re.search(r'extern "C" __global__ void NINFER_V4_BOUNDS ninfer_qgemv4e_q45_multi_i8\(', cu)
+    assert re.search(r'extern "C" __global__ void NINFER_V4_BOUNDS_I8 ninfer_qgemv4e_q5_add_i8s\(', cu)
+    assert re.search(r'extern "C" __global__ void NINFER_V4_BOUNDS_I8 ninfer_qgemv4e_q45_multi_i8\(', cu)
     assert "v4_multi45<true>(" in cu and "v4_multi45<false>(" in cu
     for b, mode, tag in i8:
         assert f"NINFER_QGEMV4E_I8({b}, {mode}, {tag})" in cu
     assert "ninfer_qgemv4e_q##BITS##_##TAG##_i8(" in cu
+    # ... all under the int8 entries' own register cap
+    assert re.search(r"void NINFER_V4_BOUNDS_I8\s+\\\s+ninfer_qgemv4e_q##BITS##_##TAG##_i8\(", cu)
     for name in ("ninfer_rms_norm_xq_wf32", "ninfer_rms_norm_xq_wbf16"):
         assert f'"{name}"' in cc and re.search(rf"__global__ void __launch_bounds__\(NORM_THREADS\)\s+{name}\(", cu)
     # the mixed q4 + q5 multi entry, after the per-format ones
