@@ -152,6 +152,7 @@ def compile_artifact(
         with ttarget:  # the ops pick their kernel variant (CPU or GPU) from the current target
             mod, params = export_module(model, model.upper_bounds(max_prefill_tokens=options.prefill_chunk,
                                                                   max_batch=options.max_batch))
+            signatures = _signatures(model)  # (under the target: tuned CUDA packages have more functions)
         try:
             entries = binding.param_entries(art, params)
             binding.check_loadable(art, entries)
@@ -189,7 +190,7 @@ def compile_artifact(
                        "host": codegen_targets.host_arch(target.host_triple) if target.is_cuda else platform.machine()},
             "compile": {"options": vars(options), "versions": _versions(), "stage_seconds": report.stage_seconds,
                         **({"kernel_features": kernel_features()} if target.is_cuda else {})},
-            "functions": _signatures(model),
+            "functions": signatures,
             **({"device_code": device_code,
                 "cuda_graphs": {"decode": {"function": graph_name("decode"),
                                            "buckets": bucket_sizes(options.max_batch)}}}
@@ -222,7 +223,8 @@ def _signatures(model) -> dict:
             if arg == "$":
                 continue
             args[arg] = {"shape": [d if isinstance(d, int) else str(d) for d in s.shape], "dtype": s.dtype}
-        out[name] = {"inputs": args, "params": "packed tuple (manifest params order)"}
+        packed = spec.get("$", {}).get("param_mode", "packed") == "packed"
+        out[name] = {"inputs": args, "params": "packed tuple (manifest params order)" if packed else "none"}
         outputs = getattr(model, "OUTPUTS", {}).get(name)
         if outputs is not None:
             out[name]["outputs"] = list(outputs)

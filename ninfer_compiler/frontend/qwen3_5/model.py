@@ -23,6 +23,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op, spec
 
 from ...ops import fused_linear
+from ...ops.common import tuned_cuda_kernels
 from ...ops.gather import last_token
 from ...ops.greedy import greedy_choice
 from ..layers.embedding import make_embedding
@@ -140,6 +141,7 @@ class Qwen35ForCausalLM(nn.Module):
         "prefill_all_logits": ("logits", *CACHES),
         "decode": ("logits", *CACHES, "greedy_token", "greedy_logprob"),
         "embed": ("embeddings",),
+        "sample": ("sample_token", "sample_logprob"),  # tuned CUDA packages only
     }
 
     def __init__(self, cfg: Qwen35TextConfig, opts: ModelOptions | None = None):
@@ -260,6 +262,14 @@ class Qwen35ForCausalLM(nn.Module):
         logits = op.reshape(logits, [b, logits.shape[-1]])
         return (logits, *caches, *greedy_choice(logits))
 
+    def sample(self, logits: nn.Tensor, params: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
+        """Each row's sampled token and its log-probability, drawn on the device from `decode`'s
+        logits with the row's `params` (temperature, top_k, top_p, min_p, u: `ops/device_sampling`),
+        so that a sampling request copies 8 bytes a step instead of its logits row."""
+        from ...ops.device_sampling import sample_choice
+
+        return sample_choice(logits, params)
+
     def embed(self, input_ids: nn.Tensor) -> nn.Tensor:
         """Token embeddings `[n, H]` in the activation dtype: the rows media features replace."""
         n = input_ids.shape[0]
@@ -330,12 +340,19 @@ class Qwen35ForCausalLM(nn.Module):
                 "$": mode,
             }
 
-        return {
+        functions = {
             "prefill": entry("n", 1),
             "prefill_all_logits": entry("n", 1),
             "decode": entry("b", "b"),
             "embed": {"input_ids": spec.Tensor(["n"], "int32"), "$": mode},
         }
+        if tuned_cuda_kernels():  # the draw on the device has Triton kernels only
+            functions["sample"] = {
+                "logits": spec.Tensor(["b", self.cfg.vocab_size], "float32"),
+                "params": spec.Tensor(["b", 5], "float64"),
+                "$": {"param_mode": "none", "effect_mode": "none"},
+            }
+        return functions
 
     def upper_bounds(self, max_prefill_tokens: int = 2048, max_batch: int = 64) -> dict:
         """Bounds of the dynamic token/batch dims, for static memory planning."""
@@ -344,4 +361,5 @@ class Qwen35ForCausalLM(nn.Module):
             "prefill_all_logits": {"n": max_prefill_tokens},
             "decode": {"b": max_batch},
             "embed": {"n": max_prefill_tokens},
+            **({"sample": {"b": max_batch}} if tuned_cuda_kernels() else {}),
         }

@@ -63,6 +63,11 @@ def test_library_is_aot_for_its_target(packages, name):
     assert manifest["device_code"]["device_compiler"]["cache_hits"] == 0
     assert manifest["cuda_graphs"] == {"decode": {"function": "decode_graph", "buckets": [1, 2, 4, 8]}}
     assert manifest["cache"]["kv_dtype"] == "bfloat16"
+    # the draw of sampling requests on the device (ops/device_sampling.py)
+    assert manifest["functions"]["sample"]["outputs"] == ["sample_token", "sample_logprob"]
+    assert manifest["functions"]["sample"]["inputs"]["params"] == {"shape": ["b", 5], "dtype": "float64"}
+    assert manifest["functions"]["sample"]["params"] == "none"
+    assert b"ninfer_sample_choice" in (path / "model.so").read_bytes()
 
 
 @pytest.mark.parametrize("name", list(TARGETS))
