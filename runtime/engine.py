@@ -155,7 +155,8 @@ class Engine:
             req = Request(prompt=ids, output=handle.output_ids, arrival=next(self._arrivals), handle=handle,
                           params=params, sampling=sampling, stop_ids=frozenset(stop_ids), token_limit=self.token_limit,
                           text=TextStream(self.tokenizer, tuple(params.stop_strings), params.skip_special_tokens),
-                          deadline=deadline, submitted_at=time.perf_counter())
+                          deadline=deadline, submitted_at=time.perf_counter(),
+                          device_draws=self.runner.device_sampling)
             self._live += 1
             self._requests[id(handle)] = req
             self._inbox.append(req)
@@ -238,12 +239,12 @@ class Engine:
                 self._finish(req, "deadline")
 
     def _decode(self, batch: list[Request]) -> None:
-        """One decode step for `batch`. Plain greedy batches are queued on the device and their
-        tokens read after the next step is queued (that step takes them on the device where a
-        request looks ahead), so the host's work overlaps the GPU's; other batches run as one
-        synchronous step with the logits on the host."""
-        on_device = self.runner.device_greedy and all(
-            req.sampling.plain_greedy and req.params.allowed_tokens is None for req in batch)
+        """One decode step for `batch`. Batches whose tokens are all chosen on the device (plain
+        greedy, and plain draws where the package draws) are queued there and their tokens read
+        after the next step is queued (that step takes them on the device where a request looks
+        ahead), so the host's work overlaps the GPU's; other batches run as one synchronous step
+        with the logits of the rows that need them on the host."""
+        on_device = self.runner.device_greedy and all(req.chosen_on_device for req in batch)
         if not on_device:
             self._read_queued()  # every row's token on the host first
             batch = [req for req in batch if not req.finished]
@@ -258,9 +259,14 @@ class Engine:
                 token = 0
             tokens.append(token)
         fresh = [req.cache.length >= req.total_tokens - 1 for req in batch]
+        # a drawn row's uniform is keyed by the position of the token it draws: past the tokens
+        # read so far and the one a queued step is computing
+        draws = {i: req.sampling.device_row(req.total_tokens + req.inflight)
+                 for i, req in enumerate(batch) if not req.sampling.plain_greedy}
         try:
             choices = self.runner.decode_greedy_async([req.cache for req in batch], tokens,
-                                                      feed=before.choices if rows else None, feed_rows=rows)
+                                                      feed=before.choices if rows else None, feed_rows=rows,
+                                                      draws=draws)
         except Exception as exc:
             _log.exception("decode step failed")
             self._read_queued()
@@ -301,14 +307,24 @@ class Engine:
                 self._accept(req, TokenChoice(int(ids[i]), float(logprobs[i])))
 
     def _decode_logits(self, batch: list[Request]) -> None:
-        """A synchronous step for a batch with rows that sample on the host: only their logits come
-        to the host; plain greedy rows take the device's choice (device-greedy packages)."""
+        """A synchronous step for a batch with rows that sample: plain draws (no penalties,
+        constraints or alternatives) are drawn on the device where the package can (`sample`),
+        the other rows' logits come to the host; plain greedy rows take the device's choice
+        (device-greedy packages)."""
         tokens = [req.next_input() for req in batch]
         seqs = [req.cache for req in batch]
         host = [i for i, req in enumerate(batch) if not (req.sampling.plain_greedy and req.params.allowed_tokens is None)]
-        ids = None
+        draws = {}
+        if self.runner.device_sampling:
+            draws = {i: batch[i].sampling.device_row(batch[i].total_tokens) for i in host
+                     if batch[i].sampling.plain_draw and batch[i].params.allowed_tokens is None}
+            host = [i for i in host if i not in draws]
+        ids, drawn = None, {}
         try:
-            if self.runner.device_greedy:
+            if draws:
+                ids, logprobs, rows, drawn = self.runner.decode_drawn(seqs, tokens, draws, host, reuse=True)
+                logits = dict(zip(host, rows, strict=True))
+            elif self.runner.device_greedy:
                 ids, logprobs, rows = self.runner.decode_rows(seqs, tokens, host, reuse=True)
                 logits = dict(zip(host, rows, strict=True))
             else:
@@ -325,6 +341,8 @@ class Engine:
                 self._metrics.add(recomputed_tokens=1)
             elif i in logits:
                 sampled.append((req, logits[i]))
+            elif i in drawn:
+                self._accept(req, TokenChoice(*drawn[i]))
             else:
                 self._accept(req, TokenChoice(int(ids[i]), float(logprobs[i])))
         self._sample(sampled)

@@ -232,12 +232,20 @@ class Request(Scheduled):
     last_token_at: float | None = None
     cancel_requested: bool = False
     token_limit: int = 0  # prompt + output tokens it may reach (the engine's limit)
+    device_draws: bool = False  # the package draws sampled tokens on the device (`sample`)
+
+    @property
+    def chosen_on_device(self) -> bool:
+        """Its tokens are chosen on the device: plain greedy, or a plain draw where the package
+        draws (no constraint, penalty or alternatives needing the logits on the host)."""
+        return self.params.allowed_tokens is None and (
+            self.sampling.plain_greedy or (self.device_draws and self.sampling.plain_draw))
 
     def may_look_ahead(self) -> bool:
-        """A plain greedy request (its token chosen on the device) whose queued token cannot be
-        its last for a known reason (max_tokens, the token limit); a stop token or string is found
+        """A request whose tokens are chosen on the device and whose queued token cannot be its
+        last for a known reason (max_tokens, the token limit); a stop token or string is found
         only when the token is read, and the step queued after it is then discarded."""
-        return (self.sampling.plain_greedy and self.params.allowed_tokens is None and not self.cancel_requested
+        return (self.chosen_on_device and not self.cancel_requested
                 and len(self.output) + self.inflight < self.params.max_tokens
                 and self.total_tokens + self.inflight < self.token_limit)
 

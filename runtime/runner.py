@@ -355,7 +355,11 @@ class ModelRunner:
         if not all(0 <= r < len(seqs) for r in logits_rows):
             raise ValueError(f"logits rows {logits_rows} are outside the batch of {len(seqs)}")
         result, n = self._decode(seqs, tokens)
-        logits, vocab = result[0], int(result[0].shape[-1])
+        return result[4].numpy()[:n], result[5].numpy()[:n], self._logits_of(result[0], logits_rows, reuse)
+
+    def _logits_of(self, logits: tvm.runtime.Tensor, logits_rows: list[int], reuse: bool) -> np.ndarray:
+        """Rows `logits_rows` of a step's logits on the host (`decode_rows`' `reuse`)."""
+        vocab = int(logits.shape[-1])
         row_bytes = vocab * np.dtype(logits.dtype).itemsize
         views = [logits._create_view((vocab,), logits.dtype, r * row_bytes) for r in logits_rows]
         if reuse and logits.dtype == "float32":
@@ -363,20 +367,82 @@ class ModelRunner:
                 self._logits_rows = np.empty((self.manifest.limits["max_batch"], vocab), np.float32)
             for i, view in enumerate(views):
                 _tensor_to_bytes(view, self._logits_rows[i].ctypes.data, row_bytes)
-            chosen = self._logits_rows[: len(views)]
-        else:
-            chosen = np.stack([v.numpy() for v in views]) if views else np.zeros((0, vocab), np.float32)
-        return result[4].numpy()[:n], result[5].numpy()[:n], chosen
+            return self._logits_rows[: len(views)]
+        return np.stack([v.numpy() for v in views]) if views else np.zeros((0, vocab), np.float32)
+
+    def decode_drawn(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray, draws: dict[int, list[float]],
+                     logits_rows: list[int] = (), *, reuse: bool = False,
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, tuple[int, float]]]:
+        """`decode_rows`, and rows `draws` (row -> `SamplingParams.device_row`) drawn on the
+        device by the package's `sample` function from the step's logits, which stay there: each
+        such row copies its token and log-probability (8 bytes), not its logits (~1 MB)."""
+        self._check_draws(len(seqs), draws)
+        result, n = self._decode(seqs, tokens)
+        drawn = self._draw(result[0], draws)  # queued behind the step; read below
+        ids, logprobs = result[4].numpy()[:n], result[5].numpy()[:n]
+        rows = self._logits_of(result[0], logits_rows, reuse)
+        if drawn is None:
+            return ids, logprobs, rows, {}
+        token, logprob = drawn[0].numpy(), drawn[1].numpy()
+        return ids, logprobs, rows, {r: (int(token[r]), float(logprob[r])) for r in draws}
+
+    def _check_draws(self, n: int, draws: dict[int, list[float]]) -> None:
+        if not self.device_sampling:
+            raise PackageError("this package does not draw sampled tokens on the device (recompile it for a CUDA "
+                               "target with tuned kernels)")
+        if not all(0 <= r < n for r in draws):
+            raise ValueError(f"drawn rows {sorted(draws)} are outside the batch of {n}")
+        for r, row in draws.items():
+            if len(row) != 5 or not 0.0 < row[0] or not 0.0 <= row[4] < 1.0:
+                raise ValueError(f"row {r}: a device draw takes (temperature > 0, top_k, top_p, min_p, u in [0, 1)), "
+                                 f"got {row}")
+
+    def _merge_draws(self, out, draws: dict[int, list[float]]) -> None:  # noqa: ANN001
+        """Queue the draws of a step and copy each drawn row's token and log-probability over its
+        greedy choice in the step's outputs (device copies behind the draw; on the host elsewhere)."""
+        token, logprob = self._draw(out[0], draws)
+        if self._queue is not None:
+            rows = {r: r for r in draws}
+            _feed_copies(self._queue, out[4].data_ptr(), token.data_ptr(), rows)
+            _feed_copies(self._queue, out[5].data_ptr(), logprob.data_ptr(), rows)
+            return
+        ids, logprobs, t, lp = out[4].numpy(), out[5].numpy(), token.numpy(), logprob.numpy()
+        for r in draws:
+            ids[r], logprobs[r] = t[r], lp[r]
+        out[4].copyfrom(ids)
+        out[5].copyfrom(logprobs)
+
+    def _draw(self, logits: tvm.runtime.Tensor, draws: dict[int, list[float]]):  # noqa: ANN202
+        """Queue the `sample` function over the logits' first rows up to the last drawn one (rows
+        between that are not drawn run as top-k 1, whose result is dropped); its (token, logprob)
+        device tensors, or None without draws."""
+        if not draws:
+            return None
+        rows, vocab = max(draws) + 1, int(logits.shape[-1])
+        params = np.tile(np.array([1.0, 1.0, 1.0, 0.0, 0.0]), (rows, 1))
+        for r, row in draws.items():
+            params[r] = row
+        view = logits._create_view((rows, vocab), logits.dtype, 0)
+        return self.vm["sample"](view, self._tensor(params))
+
+    @property
+    def device_sampling(self) -> bool:
+        """Whether the package draws sampled tokens on the device (tuned CUDA packages since it does)."""
+        return "sample" in self.manifest.raw.get("functions", {})
 
     def decode_greedy_async(self, seqs: list[SequenceCache], tokens: list[int] | np.ndarray, *,
                             feed: PendingGreedy | None = None, feed_rows: dict[int, int] | None = None,
-                            ) -> PendingGreedy:
+                            draws: dict[int, list[float]] | None = None) -> PendingGreedy:
         """Queue one decode step and return without waiting for it (on CUDA; elsewhere the step
-        has run when this returns). Row `i` in `feed_rows` takes as its token the greedy choice of
-        row `feed_rows[i]` of the step `feed` (its entry in `tokens` is ignored): on the device
-        while `feed` is still queued, so a loop can queue step n + 1 before reading step n."""
+        has run when this returns). Row `i` in `feed_rows` takes as its token the choice of row
+        `feed_rows[i]` of the step `feed` (its entry in `tokens` is ignored): on the device while
+        `feed` is still queued, so a loop can queue step n + 1 before reading step n. Rows in
+        `draws` (row -> `SamplingParams.device_row`) are drawn on the device (`sample`) and their
+        tokens and log-probabilities take the place of the greedy ones in the step's choices."""
         if not self.device_greedy:
             raise PackageError("this package does not choose greedy tokens on the device (recompile it)")
+        if draws:
+            self._check_draws(len(seqs), draws)
         tokens = np.array(tokens, np.int32)
         rows = dict(feed_rows or {})
         if feed is not None and rows:
@@ -390,6 +456,8 @@ class ModelRunner:
         else:
             feed = None
         out, n = self._decode(seqs, tokens, None if feed is None else (feed, rows))
+        if draws:
+            self._merge_draws(out, draws)
         read_back = None
         if self._queue is not None:
             read_back = self._queue.read_back([(out[4].data_ptr(), n, np.int32), (out[5].data_ptr(), n, np.float32)])

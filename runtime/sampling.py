@@ -62,6 +62,19 @@ class SamplingParams:
                 and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0)
 
 
+    @property
+    def plain_draw(self) -> bool:
+        """A draw with nothing that needs the whole logits row on the host (no penalties, no
+        alternatives to report): packages that draw on the device (`sample`) give the same token."""
+        return (not self.is_greedy and not self.logprobs and self.repetition_penalty == 1.0
+                and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0)
+
+    def device_row(self, position: int) -> list[float]:
+        """This draw as a row of the device's `sample` function: temperature, top_k, top_p,
+        min_p and the uniform u keyed by (seed, position), as `sample` takes it."""
+        return [self.temperature, float(self.top_k), self.top_p, self.min_p, uniform_draw(self.seed, position)]
+
+
 @dataclass
 class TokenChoice:
     token: int
@@ -101,7 +114,7 @@ def sample(logits: np.ndarray, params: SamplingParams, *, position: int, prompt:
         token = int(np.argmax(x))  # ties -> lowest id
     else:
         z = np.divide(x, np.float64(params.temperature), out=_scratch("z", x.size), dtype=np.float64)
-        token = _draw(z, params, _uniform(params.seed, position), key=x)  # (z = x / T: x's order is z's)
+        token = _draw(z, params, uniform_draw(params.seed, position), key=x)  # (z = x / T: x's order is z's)
     choice = TokenChoice(token, float(y[token] - log_total))
     if params.logprobs:
         logprobs = np.subtract(y, log_total, out=_scratch("e", x.size))
@@ -209,7 +222,7 @@ def _draw_from(z: np.ndarray, order: np.ndarray, params: SamplingParams, u: floa
     return int(order[idx])
 
 
-def _uniform(seed: int | None, position: int) -> float:
+def uniform_draw(seed: int | None, position: int) -> float:
     """A uniform draw keyed by (seed, absolute position): reproducible, batch-independent."""
     if seed is None:
         return float(np.random.default_rng().random())

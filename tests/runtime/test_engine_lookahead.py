@@ -38,11 +38,11 @@ class _Log:
                 log.events.append(("read", self.step))
                 return self.pending.result()
 
-        def wrapped(seqs, tokens, *, feed=None, feed_rows=None):
+        def wrapped(seqs, tokens, *, feed=None, feed_rows=None, draws=None):
             step = sum(1 for e in self.events if e[0] == "queue")
             self.events.append(("queue", step, len(seqs), dict(feed_rows or {})))
-            return Read(queued(seqs, tokens, feed=feed.pending if feed is not None else None, feed_rows=feed_rows),
-                        step)
+            return Read(queued(seqs, tokens, feed=feed.pending if feed is not None else None, feed_rows=feed_rows,
+                               draws=draws), step)
 
         monkeypatch.setattr(runner, "decode_greedy_async", wrapped)
 

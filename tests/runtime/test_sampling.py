@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ninfer_runtime.sampling import CANDIDATES, SamplingParams, _draw, _head, _uniform, sample
+from ninfer_runtime.sampling import CANDIDATES, SamplingParams, _draw, _head, sample, uniform_draw
 
 
 def _reference_draw(z: np.ndarray, params: SamplingParams, u: float) -> int:
@@ -91,7 +91,7 @@ def test_sample_reports_log_probabilities_and_alternatives():
     assert [t for t, _ in greedy.top] == np.argsort(-logprobs, kind="stable")[:5].tolist()
     params = SamplingParams(temperature=0.8, top_p=0.95, seed=11)
     drawn = sample(x, params, position=3)
-    assert drawn.token == _reference_draw(x.astype(np.float64) / 0.8, params, _uniform(11, 3))
+    assert drawn.token == _reference_draw(x.astype(np.float64) / 0.8, params, uniform_draw(11, 3))
     assert drawn.logprob == float(logprobs[drawn.token])
     allowed = np.zeros(4000, bool)
     allowed[[5, 17, 3999]] = True
@@ -124,7 +124,7 @@ def test_a_vocabulary_sized_row_is_not_sorted_whole(monkeypatch):
     for params in (SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0.7),
                    SamplingParams(temperature=0.7, min_p=0.1), SamplingParams(temperature=0.7, top_k=50)):
         for pos in range(5):
-            assert _draw(z, params, _uniform(5, pos)) == _reference_draw(z, params, _uniform(5, pos))
+            assert _draw(z, params, uniform_draw(5, pos)) == _reference_draw(z, params, uniform_draw(5, pos))
     assert sizes and max(sizes) <= CANDIDATES
 
 
@@ -161,5 +161,5 @@ def test_sample_sorts_a_flat_row_by_its_float32_logits_to_the_same_draws(monkeyp
                        SamplingParams(temperature=0.9, top_p=0.95, min_p=0.01, seed=5)):
             for pos in range(4):
                 z = x.astype(np.float64) / params.temperature
-                assert sample(x, params, position=pos).token == _reference_draw(z, params, _uniform(params.seed, pos))
+                assert sample(x, params, position=pos).token == _reference_draw(z, params, uniform_draw(params.seed, pos))
     assert any(keyed)
