@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .runner import ModelRunner
+from .sampling import SamplingParams
 
 
 @dataclass
@@ -37,6 +38,9 @@ class DecodeRow:
     sync_step_ms: float = 0.0  # each step's call waited for
     cache_bytes: int = 0  # the sequences' KV pages read and recurrent state read + written per step
     all_bytes_fraction: float | None = None  # (weights + cache_bytes) / step / copy bandwidth
+    # a synchronous step whose every row is drawn on the device (temperature 0.7, top-p 0.9;
+    # packages with `sample`), its tokens read back: what a sampling request's step costs
+    drawn_step_ms: float | None = None
 
 
 @dataclass
@@ -68,7 +72,7 @@ class BenchReport:
             f"  (decode from {self.decode_context} cached tokens; steps read back: {self.decode_readback}; "
             f"step ms: {self.decode_loop} steps)",
             f"{'concurrency':>11} {'step ms':>9} {'tok/s/req':>10} {'tok/s total':>12} {'weights GB/s':>13} {'of roofline':>12}"
-            f" {'sync ms':>9} {'cache GB':>9} {'all bytes':>10}",
+            f" {'sync ms':>9} {'cache GB':>9} {'all bytes':>10} {'drawn ms':>9}",
         ]
 
         def pct(x: float | None) -> str:
@@ -77,7 +81,8 @@ class BenchReport:
         for r in self.decode:
             lines.append(f"{r.concurrency:>11} {r.step_ms:>9.3f} {r.per_request_tok_s:>10.1f} {r.aggregate_tok_s:>12.1f} "
                          f"{r.weight_gb_s:>13.1f} {pct(r.roofline_fraction):>12} {r.sync_step_ms:>9.3f} "
-                         f"{r.cache_bytes / 1e9:>9.3f} {pct(r.all_bytes_fraction):>10}")
+                         f"{r.cache_bytes / 1e9:>9.3f} {pct(r.all_bytes_fraction):>10} "
+                         f"{f'{r.drawn_step_ms:.3f}' if r.drawn_step_ms is not None else 'n/a':>9}")
         return "\n".join(lines)
 
 
@@ -133,7 +138,8 @@ def run_bench(runner: ModelRunner, *, prompt_len: int, decode_tokens: int, concu
     if prompt_len + 1 > runner.max_context:
         raise ValueError(f"--prompt-len {prompt_len} does not fit the package's max_context {runner.max_context}")
     queued = runner.device_greedy
-    steps_per_sequence = warmup + decode_tokens * (1 + (repeats if queued else 0))
+    drawn = runner.device_sampling
+    steps_per_sequence = warmup + decode_tokens * (1 + (repeats if queued else 0) + (1 if drawn else 0))
     context = decode_context
     if context < 1 or context + steps_per_sequence + 1 > runner.max_context:
         raise ValueError(f"--decode-context {decode_context} plus {steps_per_sequence} decode steps (--decode-tokens "
@@ -184,6 +190,7 @@ def run_bench(runner: ModelRunner, *, prompt_len: int, decode_tokens: int, concu
             if queued:
                 step = statistics.median(queued_step_seconds(runner, seqs, rng.integers(2, vocab, c), decode_tokens)
                                          for _ in range(repeats))
+            drawn_step = drawn_step_seconds(runner, seqs, rng, vocab, decode_tokens) if drawn else None
         finally:
             for s in seqs:
                 runner.pool.release(s)
@@ -191,8 +198,25 @@ def run_bench(runner: ModelRunner, *, prompt_len: int, decode_tokens: int, concu
         cache = decode_cache_bytes(runner, context, c)
         report.decode.append(DecodeRow(c, step * 1e3, 1 / step, c / step, gbps, gbps / copy if copy > 0 else None,
                                        sync_step * 1e3, cache,
-                                       (weight_bytes + cache) / step / 1e9 / copy if copy > 0 else None))
+                                       (weight_bytes + cache) / step / 1e9 / copy if copy > 0 else None,
+                                       drawn_step * 1e3 if drawn_step is not None else None))
     return report
+
+
+DRAW = SamplingParams(temperature=0.7, top_p=0.9, seed=0)  # the bench's sampling request
+
+
+def drawn_step_seconds(runner: ModelRunner, seqs: list, rng: np.random.Generator, vocab: int, count: int) -> float:
+    """Median seconds of `count` synchronous steps whose every row is drawn on the device."""
+    times = []
+    for i in range(count):
+        tokens = rng.integers(2, vocab, len(seqs))
+        draws = {r: DRAW.device_row(10_000 * r + i) for r in range(len(seqs))}
+        _sync(runner)
+        start = time.perf_counter()
+        runner.decode_drawn(seqs, tokens, draws)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def queued_step_seconds(runner: ModelRunner, seqs: list, tokens: np.ndarray, count: int) -> float:

@@ -247,6 +247,7 @@ def run_inner(stage: Path, out: Path) -> int:
                 "greedy_graph_eq_eager": outs[True]["greedy"] == outs[False]["greedy"],
                 "queued_eq_sync": r["queued_eq_sync"] and r["queued_device_feed"],
                 "logits_rows": r["logits_rows_eq"],
+                "device_draw": r["device_draw_eq"] is not False,
             }
             if dtype == "float32":
                 checks["greedy_eq_hf"] = r["greedy"] == ref["greedy"].tolist()
@@ -386,6 +387,7 @@ def _exercise(runner, ref) -> dict:
     whole, (ids, _, rows) = steps
     r["logits_rows_eq"] = bool(np.array_equal(rows, whole[[2, 0]]) and np.array_equal(ids, whole.argmax(-1)))
     r["queued_device_feed"] = bool(getattr(runner, "_queue", None) is not None)
+    r["device_draw_eq"], r["draw_ms_b3"] = _device_draws(runner, prompts)
     # decode step time, batch 1 and 4 (host copies and the logits download included)
     for batch in (1, 4):
         seqs = [runner.pool.acquire() for _ in range(batch)]
@@ -401,6 +403,37 @@ def _exercise(runner, ref) -> dict:
         r[f"step_ms_b{batch}"] = float(np.median(times[5:]) * 1e3)
     runner.pool.check_all_free()
     return r
+
+
+def _device_draws(runner, prompts: list) -> tuple[bool | None, float | None]:
+    """Sampled tokens drawn on the device (`sample`) against the host's `sample` on the same step's
+    logits, for a few parameter sets; and the time of a step with three drawn rows against the same
+    step with the rows' logits copied to the host. None where the package does not draw."""
+    if not runner.device_sampling:
+        return None, None
+    from ninfer_runtime.sampling import SamplingParams, sample
+
+    kinds = [SamplingParams(temperature=0.8, top_p=0.9, seed=1), SamplingParams(temperature=1.2, top_k=40, seed=2),
+             SamplingParams(temperature=0.7, top_k=50, top_p=0.95, min_p=0.02, seed=3)]
+    same, times = True, {}
+    for position in range(6):
+        for drawn_rows in ([0, 1, 2], None):
+            seqs = [runner.pool.acquire() for _ in prompts]
+            for s, p in zip(seqs, prompts, strict=True):
+                runner.prefill(s, p)
+            start = time.perf_counter()
+            if drawn_rows is None:
+                runner.decode_rows(seqs, [7, 9, 11], [0, 1, 2])
+            else:
+                draws = {i: kinds[i].device_row(position) for i in drawn_rows}
+                _, _, rows, drawn = runner.decode_drawn(seqs, [7, 9, 11], draws, [0, 1, 2])
+                for i in drawn_rows:
+                    host = sample(rows[i], kinds[i], position=position)
+                    same &= drawn[i][0] == host.token and abs(drawn[i][1] - host.logprob) < 1e-4
+            times.setdefault(drawn_rows is None, []).append(time.perf_counter() - start)
+            for s in seqs:
+                runner.pool.release(s)
+    return bool(same), float(np.median(times[False][1:]) * 1e3)
 
 
 def _print_table(results: dict, rows: list, no_compiler: bool) -> None:

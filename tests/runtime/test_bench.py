@@ -24,11 +24,13 @@ def test_bench_table_and_json(tiny_package, tmp_path):
         assert row["step_ms"] > 0 and row["sync_step_ms"] > 0
         assert abs(row["aggregate_tok_s"] - row["concurrency"] * row["per_request_tok_s"]) < 1e-6 * row["aggregate_tok_s"]
         assert 0 < row["roofline_fraction"] < row["all_bytes_fraction"]
+        assert row["drawn_step_ms"] is None  # a cpu package draws sampled tokens on the host
     # the sequences' own bytes: KV pages at the decode context and the recurrent state, per sequence
     one, three = report["decode"]
     assert one["cache_bytes"] > 0 and three["cache_bytes"] == 3 * one["cache_bytes"]
     assert "all bytes" in result.stdout and "cache GB" in result.stdout
     assert "of roofline" in result.stdout and "prefill  100 tokens" in result.stdout and "sync ms" in result.stdout
+    assert "drawn ms" in result.stdout
 
 
 def test_bench_errors(tiny_package):
