@@ -222,6 +222,9 @@ def _signatures(model) -> dict:
         for arg, s in spec.items():
             if arg == "$":
                 continue
+            if not hasattr(s, "shape"):  # an int input
+                args[arg] = {"shape": [], "dtype": "int64"}
+                continue
             args[arg] = {"shape": [d if isinstance(d, int) else str(d) for d in s.shape], "dtype": s.dtype}
         packed = spec.get("$", {}).get("param_mode", "packed") == "packed"
         out[name] = {"inputs": args, "params": "packed tuple (manifest params order)" if packed else "none"}

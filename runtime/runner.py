@@ -29,6 +29,7 @@ from .package import (
     read_manifest,
 )
 from .pools import ContextPool, PoolPlan, SequenceCache
+from .sampling import DEVICE_FILLER, device_selections
 from .uploads import DeviceQueue, ReadBack, queue_for, stager_for
 
 GiB = 1 << 30
@@ -414,16 +415,16 @@ class ModelRunner:
 
     def _draw(self, logits: tvm.runtime.Tensor, draws: dict[int, list[float]]):  # noqa: ANN202
         """Queue the `sample` function over the logits' first rows up to the last drawn one (rows
-        between that are not drawn run as top-k 1, whose result is dropped); its (token, logprob)
-        device tensors, or None without draws."""
+        between that are not drawn run as a plain draw, whose result is dropped), launching only
+        the cuts the rows have; its (token, logprob) device tensors, or None without draws."""
         if not draws:
             return None
         rows, vocab = max(draws) + 1, int(logits.shape[-1])
-        params = np.tile(np.array([1.0, 1.0, 1.0, 0.0, 0.0]), (rows, 1))
+        params = np.tile(np.array(DEVICE_FILLER), (rows, 1))
         for r, row in draws.items():
             params[r] = row
         view = logits._create_view((rows, vocab), logits.dtype, 0)
-        return self.vm["sample"](view, self._tensor(params))
+        return self.vm["sample"](view, self._tensor(params), device_selections(params))
 
     @property
     def device_sampling(self) -> bool:

@@ -75,6 +75,20 @@ class SamplingParams:
         return [self.temperature, float(self.top_k), self.top_p, self.min_p, uniform_draw(self.seed, position)]
 
 
+DEVICE_FILLER = [1.0, 0.0, 1.0, 0.0, 0.0]  # a `sample` row whose draw is dropped: no cut to launch
+SELECT_TOPK, SELECT_KEPT = 1, 2  # bits of `sample`'s selections (ops/device_sampling.py)
+
+
+def device_selections(rows: np.ndarray) -> int:
+    """The cuts that `sample` must launch for these rows (`device_row`s): the top-k cut where a
+    row has top-k and top-p (top-p's mass is that of the top k), the kept head where a row has
+    any cut. Without either, the whole row is the kept head."""
+    rows = np.asarray(rows, np.float64).reshape(-1, 5)
+    top_k, top_p, min_p = rows[:, 1] > 0, rows[:, 2] < 1.0, rows[:, 3] > 0
+    return (SELECT_TOPK if bool((top_k & top_p).any()) else 0) | \
+        (SELECT_KEPT if bool((top_k | top_p | min_p).any()) else 0)
+
+
 @dataclass
 class TokenChoice:
     token: int

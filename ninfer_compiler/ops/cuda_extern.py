@@ -165,7 +165,8 @@ def dps_call(symbol: str, args: list, outputs: list):  # noqa: ANN201 (a tuple o
     from tvm import relax
     from tvm.relax.frontend.nn import op
 
-    exprs = [relax.prim_value(a) if isinstance(a, (int, float)) else a._expr for a in args]  # noqa: SLF001
+    # numbers and the function's int inputs (TIR variables) go as prim values
+    exprs = [a._expr if isinstance(a, nn.Tensor) else relax.prim_value(a) for a in args]  # noqa: SLF001
     types = [t._expr.ty for t in outputs]  # noqa: SLF001 (nn.Tensor's expr)
     call = relax.op.call_dps_packed(symbol, relax.Tuple(exprs), types)
     return op.wrap_nested(call, name=symbol)

@@ -17,10 +17,13 @@ a bin holding one key decides the position at once. Masses are exp(x / T - max /
 as on the host, so a token differs from the host's only where `u` falls within rounding
 (~1e-16) of a boundary.
 
-A call is `stats` (max, normalizers) then three selections of `passes(vocab)` passes each: the
-top-k cut (only where top-p follows it, whose mass is relative to it), the kept head, the draw.
-Each pass is two launches, the histogram over (row, slice) programs and its combination per row;
-passes after a row's selection is decided return at once.
+A call is `stats` (max, normalizers) then up to three selections of `passes(vocab)` passes each:
+the top-k cut (only where top-p follows it, whose mass is relative to it), the kept head, the
+draw. Each pass is two launches, the histogram over (row, slice) programs and its combination per
+row; passes after a row's selection is decided return at once. The caller says which of the
+first two selections any row needs (`SELECT_TOPK`, `SELECT_KEPT`: the host knows its rows'
+parameters), so a plain temperature draw is 28 launches and one with top-p 54, not 80; without
+them the whole row is the kept head, as `stats` leaves it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ DIGIT = 4  # key bits a pass decides
 PARAMS = 5  # per row: temperature, top_k, top_p, min_p, u (float64)
 # the three selections (the combine kernel's STAGE)
 TOPK, KEPT, DRAW = 0, 1, 2
+# bits of the call's `selections`: the selections before the draw that are launched
+SELECT_TOPK, SELECT_KEPT = 1 << TOPK, 1 << KEPT
 
 # float64 state per row
 SF_MAX, SF_S1, SF_ST, SF_TARGET, SF_ABOVE, SF_KEPT, SF_MASS_K = 0, 1, 2, 3, 4, 5, 6
@@ -313,8 +318,9 @@ namespace {
 using tvm::ffi::TensorView;
 // token[b] int32 and logprob[b] fp32 of logits [b, V] fp32 drawn with params [b, 5] fp64
 // (temperature, top_k, top_p, min_p, u); the other tensors are scratch: part_f / part_i
-// [b, SLICES, 4], sf / si [b, 8], hist_* [b, SLICES, 16]. Launches in stream order, no PDL.
-void sample(TensorView logits, TensorView params, TensorView part_f, TensorView part_i, TensorView sf,
+// [b, SLICES, 4], sf / si [b, 8], hist_* [b, SLICES, 16]. `selections`: bit s launches selection s
+// (0 the top-k cut, 1 the kept head; the draw always). Launches in stream order, no PDL.
+void sample(TensorView logits, TensorView params, int64_t selections, TensorView part_f, TensorView part_i, TensorView sf,
             TensorView si, TensorView hist_m, TensorView hist_c, TensorView hist_k, TensorView token,
             TensorView logprob) {
   TVM_FFI_ICHECK(logits.ndim() == 2 && logits.dtype().code == kDLFloat && logits.dtype().bits == 32)
@@ -339,7 +345,9 @@ void sample(TensorView logits, TensorView params, TensorView part_f, TensorView 
   ninfer_cuda::launch("stats_combine", b, 1, 1, {&pp, &pf, &pi, &fs, &is, &tp, &op}, dev);
   static const char* const pass_names[3] = {"pass0", "pass1", "pass2"};
   static const char* const combine_names[3] = {"combine0", "combine1", "combine2"};
+  TVM_FFI_ICHECK(selections >= 0 && selections < 4) << "@SYMBOL@: selections must be a mask of bits 0 and 1";
   for (int stage = 0; stage < 3; ++stage) {
+    if (stage < 2 && !(selections >> stage & 1)) continue;
     for (int32_t step = 0; step < @NPASS@; ++step) {
       ninfer_cuda::launch(pass_names[stage], b, @SLICES@, 1, {&lp, &pp, &fs, &is, &hm, &hc, &hk, &vocab, &step}, dev);
       ninfer_cuda::launch(combine_names[stage], b, 1, 1,
@@ -354,10 +362,12 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(@SYMBOL@, sample);
 SYMBOL = "ninfer_sample_choice"
 
 
-def sample_choice(logits: nn.Tensor, params: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
+def sample_choice(logits: nn.Tensor, params: nn.Tensor, selections) -> tuple[nn.Tensor, nn.Tensor]:  # noqa: ANN001
     """`(token [b] int32, logprob [b] fp32)` drawn from `logits [b, V]` fp32 with `params [b, 5]`
     fp64 (temperature > 0, top_k (0: off), top_p, min_p, the uniform u in [0, 1)): the host's draw
-    (`runtime/sampling.sample`) on the device. Tuned CUDA packages only."""
+    (`runtime/sampling.sample`) on the device. `selections` (an int, or the function's int input):
+    `SELECT_TOPK` where a row has top-k and top-p, `SELECT_KEPT` where a row has any cut. Tuned
+    CUDA packages only."""
     from tvm.relax.frontend import nn
 
     from .cuda_extern import current_arch, dps_call, extern, fill_launcher
@@ -374,5 +384,5 @@ def sample_choice(logits: nn.Tensor, params: nn.Tensor) -> tuple[nn.Tensor, nn.T
                nn.Tensor.placeholder([rows, SLICES, nb], "float64"), nn.Tensor.placeholder([rows, SLICES, nb], "int64"),
                nn.Tensor.placeholder([rows, SLICES, nb], "int64"), nn.Tensor.placeholder([rows], "int32"),
                nn.Tensor.placeholder([rows], "float32")]
-    out = dps_call(SYMBOL, [logits, params], outputs)
+    out = dps_call(SYMBOL, [logits, params, selections], outputs)
     return out[7], out[8]

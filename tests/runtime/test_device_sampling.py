@@ -15,7 +15,7 @@ import tvm
 
 from ninfer_runtime.engine import GenerationParams
 from ninfer_runtime.package import PackageError
-from ninfer_runtime.sampling import SamplingParams
+from ninfer_runtime.sampling import DEVICE_FILLER, SELECT_KEPT, SamplingParams
 
 from .engine_helpers import GREEDY, alone, prompts, staggered, tokens_of
 
@@ -26,18 +26,19 @@ class _VM:
     """The runner's VM with a `sample` function added (the kernels in Triton's interpreter)."""
 
     def __init__(self, vm, calls: list) -> None:
-        self._vm, self.calls = vm, calls
+        self._vm, self.calls, self.selections = vm, calls, []
 
     def __getitem__(self, name: str):
         if name != "sample":
             return self._vm[name]
 
-        def sample(logits: tvm.runtime.Tensor, params: tvm.runtime.Tensor):
+        def sample(logits: tvm.runtime.Tensor, params: tvm.runtime.Tensor, selections: int):
             from tests.compiler.ops.test_device_sampling import device_choice
 
             x, p = logits.numpy(), params.numpy()
             self.calls.append(p.copy())
-            token, logprob = device_choice(np.ascontiguousarray(x), p)
+            self.selections.append(selections)
+            token, logprob = device_choice(np.ascontiguousarray(x), p, selections)
             return tvm.runtime.tensor(token), tvm.runtime.tensor(logprob)
 
         return sample
@@ -88,6 +89,8 @@ def test_plain_draws_are_drawn_on_the_device_with_the_hosts_tokens(make_engine, 
     rows = np.concatenate(calls)
     assert len(rows) == 6 and any(len(c) == 2 for c in calls)  # tokens 2..4 of both, together where batched
     assert {tuple(r[:4]) for r in rows} == {(0.8, 0, 0.9, 0), (0.8, 20, 1.0, 0.05)}
+    # no row has both top-k and top-p: the top-k cut's passes are never launched
+    assert runner.vm.selections == [SELECT_KEPT] * len(calls)
 
 
 def test_rows_that_need_their_logits_still_get_them(make_engine, make_runner):
@@ -113,11 +116,12 @@ def test_rows_that_need_their_logits_still_get_them(make_engine, make_runner):
     handles, _ = staggered(make_engine(runner), requests, (0, 0, 0))
     assert [h.output_ids for h in handles] == reference
     # tokens 2..4 of the draw on the device (in the synchronous steps beside the penalized request,
-    # queued without it), every other row of a `sample` call a top-k 1 filler; beside the draws at
-    # most the penalized request's logits came to the host
+    # queued without it), every other row of a `sample` call a filler without cuts; beside the draws
+    # at most the penalized request's logits came to the host
     rows = [list(r[:4]) for call in calls for r in call]
     assert rows.count([0.8, 5, 1.0, 0.0]) == 3
-    assert all(r in ([0.8, 5, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]) for r in rows)
+    assert all(r in ([0.8, 5, 1.0, 0.0], DEVICE_FILLER[:4]) for r in rows)
+    assert DEVICE_FILLER[:4] in rows and set(runner.vm.selections) == {SELECT_KEPT}
     assert asked and all(len(d) == 1 and len(w) <= 1 and not set(w) & set(d) for d, w in asked)
     assert any(w for _, w in asked)
 

@@ -262,13 +262,14 @@ class Qwen35ForCausalLM(nn.Module):
         logits = op.reshape(logits, [b, logits.shape[-1]])
         return (logits, *caches, *greedy_choice(logits))
 
-    def sample(self, logits: nn.Tensor, params: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor]:
+    def sample(self, logits: nn.Tensor, params: nn.Tensor, selections) -> tuple[nn.Tensor, nn.Tensor]:  # noqa: ANN001
         """Each row's sampled token and its log-probability, drawn on the device from `decode`'s
         logits with the row's `params` (temperature, top_k, top_p, min_p, u: `ops/device_sampling`),
-        so that a sampling request copies 8 bytes a step instead of its logits row."""
+        so that a sampling request copies 8 bytes a step instead of its logits row; `selections`
+        (an int) names the cuts any row has, whose passes are launched."""
         from ...ops.device_sampling import sample_choice
 
-        return sample_choice(logits, params)
+        return sample_choice(logits, params, selections)
 
     def embed(self, input_ids: nn.Tensor) -> nn.Tensor:
         """Token embeddings `[n, H]` in the activation dtype: the rows media features replace."""
@@ -350,6 +351,7 @@ class Qwen35ForCausalLM(nn.Module):
             functions["sample"] = {
                 "logits": spec.Tensor(["b", self.cfg.vocab_size], "float32"),
                 "params": spec.Tensor(["b", 5], "float64"),
+                "selections": spec.Int(),
                 "$": {"param_mode": "none", "effect_mode": "none"},
             }
         return functions

@@ -66,6 +66,7 @@ def test_library_is_aot_for_its_target(packages, name):
     # the draw of sampling requests on the device (ops/device_sampling.py)
     assert manifest["functions"]["sample"]["outputs"] == ["sample_token", "sample_logprob"]
     assert manifest["functions"]["sample"]["inputs"]["params"] == {"shape": ["b", 5], "dtype": "float64"}
+    assert manifest["functions"]["sample"]["inputs"]["selections"] == {"shape": [], "dtype": "int64"}
     assert manifest["functions"]["sample"]["params"] == "none"
     assert b"ninfer_sample_choice" in (path / "model.so").read_bytes()
 

@@ -9,7 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ninfer_runtime.sampling import SamplingParams, sample
+from ninfer_runtime.sampling import (
+    SELECT_KEPT,
+    SELECT_TOPK,
+    SamplingParams,
+    device_selections,
+    sample,
+)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -17,8 +23,10 @@ pytest.importorskip("triton")
 TEST_SLICES = 4  # programs per row here (64 in packages): the interpreter runs programs one by one
 
 
-def device_choice(x: np.ndarray, params: np.ndarray, slices: int = TEST_SLICES) -> tuple[np.ndarray, np.ndarray]:
-    """The kernels in the launcher's order (`LAUNCHER`), scratch poisoned."""
+def device_choice(x: np.ndarray, params: np.ndarray, selections: int | None = None,
+                  slices: int = TEST_SLICES) -> tuple[np.ndarray, np.ndarray]:
+    """The kernels in the launcher's order (`LAUNCHER`), scratch poisoned; `selections` as the
+    runtime passes it (`device_selections` of the rows unless given)."""
     from ninfer_compiler.ops import device_sampling as ds
     from ninfer_compiler.ops.triton_aot import interpreted
 
@@ -37,7 +45,11 @@ def device_choice(x: np.ndarray, params: np.ndarray, slices: int = TEST_SLICES) 
     interpreted(ds.stats_kernel)[(rows, slices)](logits, prm, part_f, part_i, vocab, SLICES=slices, BLOCK=ds.BLOCK)
     interpreted(ds.stats_combine_kernel)[(rows,)](prm, part_f, part_i, sf, si, token, logprob, SLICES=slices)
     shape = {"NPASS": npass, "IDX_BITS": bits, "SLICES": slices, "DIGIT": ds.DIGIT}
+    if selections is None:
+        selections = device_selections(params)
     for stage in (ds.TOPK, ds.KEPT, ds.DRAW):
+        if stage != ds.DRAW and not selections >> stage & 1:
+            continue
         for step in range(npass):
             interpreted(ds.pass_kernel)[(rows, slices)](logits, prm, sf, si, hist_m, hist_c, hist_k, vocab, step,
                                                          STAGE=stage, BLOCK=ds.BLOCK, **shape)
@@ -67,9 +79,9 @@ def host_choice(x: np.ndarray, ps: list[SamplingParams], us: list[float]) -> tup
     return np.array(tokens), np.array(logprobs)
 
 
-def check(x: np.ndarray, ps: list[SamplingParams], us: list[float]) -> np.ndarray:
+def check(x: np.ndarray, ps: list[SamplingParams], us: list[float], selections: int | None = None) -> np.ndarray:
     params = np.array([params_row(p, u) for p, u in zip(ps, us, strict=True)])
-    token, logprob = device_choice(x, params)
+    token, logprob = device_choice(x, params, selections)
     ref_token, ref_lp = host_choice(x, ps, us)
     np.testing.assert_array_equal(token, ref_token)
     np.testing.assert_allclose(logprob, ref_lp, rtol=1e-5, atol=1e-5)
@@ -92,6 +104,29 @@ def test_random_rows_and_parameters_draw_the_hosts_tokens():
             min_p=float(rng.choice([0.01, 0.1, 0.5])) if kind in (4, 5) else 0.0))
     us = rng.random(rows).tolist()
     check(x, ps, us)
+    # by kind, each call launching only the cuts its rows have: none, the kept head, both
+    for kinds, launched in (((0,), 0), ((1, 2, 4), SELECT_KEPT), ((3, 5), SELECT_TOPK | SELECT_KEPT)):
+        rows_of = [i for i in range(rows) if i % 6 in kinds]
+        assert device_selections([params_row(ps[i], 0.5) for i in rows_of]) == launched
+        check(x[rows_of], [ps[i] for i in rows_of], [us[i] for i in rows_of])
+
+
+def test_the_cuts_a_call_launches():
+    """The runtime's `selections` bits are the kernels' STAGE bits; a cut left out changes draws."""
+    from ninfer_compiler.ops import device_sampling as ds
+
+    assert (ds.SELECT_TOPK, ds.SELECT_KEPT) == (SELECT_TOPK, SELECT_KEPT)
+    row = lambda k, p, m: [1.0, k, p, m, 0.5]  # noqa: E731
+    assert device_selections([row(0, 1.0, 0.0), row(0, 1.0, 0.0)]) == 0
+    assert device_selections([row(5, 1.0, 0.0)]) == device_selections([row(0, 0.9, 0.0)]) == SELECT_KEPT
+    assert device_selections([row(0, 1.0, 0.05)]) == SELECT_KEPT
+    assert device_selections([row(5, 0.9, 0.0), row(0, 1.0, 0.0)]) == SELECT_TOPK | SELECT_KEPT
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((6, 1500)) * 0.5).astype(np.float32)
+    ps = [SamplingParams(temperature=1.0, top_k=40, top_p=0.5)] * 6
+    us = rng.random(6).tolist()
+    with pytest.raises(AssertionError):  # without the kept head the draw runs over the whole row
+        check(x, ps, us, selections=SELECT_TOPK)
 
 
 def test_edge_rows():
