@@ -37,6 +37,11 @@ AUTO = "auto"
 KDL_CUDA = 2  # DLPack device type of CUDA GPUs
 
 
+def int_input(value: int) -> tvm.runtime.ShapeTuple:
+    """An int argument of a package function (`spec.Int`): Relax takes it as a one-value shape."""
+    return tvm.runtime.ShapeTuple([int(value)])
+
+
 @dataclass(frozen=True)
 class RunnerOptions:
     """How many sequences the runner serves at once and how big its context pool is.
@@ -424,7 +429,7 @@ class ModelRunner:
         for r, row in draws.items():
             params[r] = row
         view = logits._create_view((rows, vocab), logits.dtype, 0)
-        return self.vm["sample"](view, self._tensor(params), device_selections(params))
+        return self.vm["sample"](view, self._tensor(params), int_input(device_selections(params)))
 
     @property
     def device_sampling(self) -> bool:

@@ -32,9 +32,12 @@ class _VM:
         if name != "sample":
             return self._vm[name]
 
-        def sample(logits: tvm.runtime.Tensor, params: tvm.runtime.Tensor, selections: int):
+        def sample(logits: tvm.runtime.Tensor, params: tvm.runtime.Tensor, selections: tvm.runtime.ShapeTuple):
             from tests.compiler.ops.test_device_sampling import device_choice
 
+            # the package's function takes its int input as a one-value shape (a bare int is refused)
+            assert isinstance(selections, tvm.runtime.ShapeTuple) and len(selections) == 1, selections
+            selections = int(selections[0])
             x, p = logits.numpy(), params.numpy()
             self.calls.append(p.copy())
             self.selections.append(selections)
@@ -156,3 +159,34 @@ def test_bench_times_steps_drawn_on_the_device(make_runner):
     assert row.drawn_step_ms is not None and row.drawn_step_ms > 0
     assert len(calls) == 2 and all(c.shape == (2, 5) for c in calls)
     assert "drawn ms" in report.table()
+
+
+def test_an_int_input_reaches_the_packed_function_as_the_runner_passes_it():
+    """`sample`'s `selections` is an int input (`spec.Int`) handed to a packed function through
+    `dps_call`, as the package builds it: a CPU module of the same shape, called with `int_input`."""
+    import tvm_ffi
+    from tvm import relax
+    from tvm.relax.frontend import nn
+    from tvm.relax.frontend.nn import spec
+
+    from ninfer_compiler.ops.cuda_extern import dps_call
+    from ninfer_runtime.runner import int_input
+
+    seen = []
+
+    @tvm_ffi.register_global_func("ninfer_test.scaled", override=True)
+    def scaled(x, k, out) -> None:  # noqa: ANN001
+        seen.append(k)
+        out.copyfrom(x.numpy() * k)
+
+    class Scaled(nn.Module):
+        def f(self, x: nn.Tensor, k) -> nn.Tensor:  # noqa: ANN001
+            return dps_call("ninfer_test.scaled", [x, k], [nn.Tensor.placeholder([3], "float32")])
+
+    mod, _ = Scaled().export_tvm(spec={"f": {"x": spec.Tensor([3], "float32"), "k": spec.Int(),
+                                             "$": {"param_mode": "none", "effect_mode": "none"}}})
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    out = vm["f"](tvm.runtime.tensor(np.arange(3, dtype=np.float32)), int_input(3))
+    assert seen == [3] and out.numpy().tolist() == [0.0, 3.0, 6.0]
+    with pytest.raises(TypeError):  # a bare int is refused by the function's signature check
+        vm["f"](tvm.runtime.tensor(np.arange(3, dtype=np.float32)), 3)
