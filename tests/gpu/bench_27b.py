@@ -341,8 +341,9 @@ def run_inner(out: Path) -> int:
 
 def engine_token_ms(runner, tokens: int = 48) -> dict:  # noqa: ANN001
     """What a user of `ninfer run` / `serve` gets: the engine generating (64-token random prompts,
-    EOS ignored) for 1 and 8 requests at once, greedily (steps queued ahead) and sampling on the
-    host (temperature 0.7, top-p 0.9: synchronous steps); ms per token of each request while all
+    EOS ignored) for 1 and 8 requests at once, greedily and sampling (temperature 0.7, top-p 0.9:
+    drawn on the device where the package has `sample`, steps queued ahead as greedy ones; else on
+    the host, synchronous steps); ms per token of each request while all
     of them are decoding (from the step every request has its first token to the first finish)."""
     from ninfer_runtime.engine import Engine, GenerationParams
     from ninfer_runtime.package import load_tokenizer
