@@ -37,6 +37,29 @@ AUTO = "auto"
 KDL_CUDA = 2  # DLPack device type of CUDA GPUs
 
 
+class _DrawParams:
+    """`sample`'s parameter rows in one device tensor of the largest batch, uploaded from
+    page-locked memory without waiting (`uploads.PinnedStager`) where the driver allows: a fresh
+    tensor per call would be a device allocation and a blocking copy, which waits for the decode
+    step queued before it, so the host would issue the draw's launches while the GPU idles."""
+
+    def __init__(self, max_batch: int, device: tvm.runtime.Device) -> None:
+        self.tensor = tvm.runtime.empty((max_batch, 5), "float64", device)
+        kind = "cuda" if device.dlpack_device_type() == KDL_CUDA else str(device.dlpack_device_type())
+        self._stager = stager_for([max_batch * 5 * 8], kind)
+
+    def rows(self, params: np.ndarray) -> tvm.runtime.Tensor:
+        """A `[len(params), 5]` view holding `params` by the time the GPU reaches what follows."""
+        params = np.ascontiguousarray(params, np.float64)
+        view = self.tensor._create_view(params.shape, "float64", 0)
+        if self._stager is not None:
+            self._stager.upload(0, params, self.tensor.data_ptr())
+            self._stager.queued()
+        else:
+            view.copyfrom(params)
+        return view
+
+
 def int_input(value: int) -> tvm.runtime.ShapeTuple:
     """An int argument of a package function (`spec.Int`): Relax takes it as a one-value shape."""
     return tvm.runtime.ShapeTuple([int(value)])
@@ -240,6 +263,7 @@ class ModelRunner:
         # greedy choices read back behind their step (two int32/fp32 arrays of the largest batch)
         kind = "cuda" if self.device.dlpack_device_type() == KDL_CUDA else str(self.device.dlpack_device_type())
         self._queue = queue_for(2 * 16 * -(-4 * limits["max_batch"] // 16), kind) if self.device_greedy else None
+        self._draw_params: _DrawParams | None = None  # `sample`'s parameter rows, on first use
 
     def _context_budget(self) -> tuple[int, str]:
         """The pool's byte budget and whether it was given ("explicit") or planned ("auto")."""
@@ -429,7 +453,9 @@ class ModelRunner:
         for r, row in draws.items():
             params[r] = row
         view = logits._create_view((rows, vocab), logits.dtype, 0)
-        return self.vm["sample"](view, self._tensor(params), int_input(device_selections(params)))
+        if self._draw_params is None:
+            self._draw_params = _DrawParams(self.manifest.limits["max_batch"], self.device)
+        return self.vm["sample"](view, self._draw_params.rows(params), int_input(device_selections(params)))
 
     @property
     def device_sampling(self) -> bool:

@@ -280,8 +280,11 @@ def combine_kernel(logits, params, sf, si, hist_m, hist_c, hist_k, token, logpro
                 tl.store(sf + base + 4, before_m)
 
 
-def images(arch: str, vocab: int) -> dict[str, KernelImage]:
-    """Every kernel of a call for `vocab`-wide rows (the key's layout is compiled in), by launch key."""
+def images(arch: str, vocab: int, slices: int = SLICES, block: int = BLOCK,
+           warps: int = 4) -> dict[str, KernelImage]:
+    """Every kernel of a call for `vocab`-wide rows (the key's layout is compiled in), by launch key;
+    `slices` programs a row in the histogram passes (a power of two) of `warps` warps taking `block`
+    elements at a time (measured in tests/gpu/check_device_sampling.py)."""
     from .triton_aot import compile_kernel
 
     if index_bits(vocab) > 28:
@@ -293,18 +296,18 @@ def images(arch: str, vocab: int) -> dict[str, KernelImage]:
         "stats": compile_kernel(
             stats_kernel, signature={"logits": "*fp32", "params": "*fp64", "part_f": "*fp64", "part_i": "*i64",
                                      "vocab": "i32"},
-            constants={"SLICES": SLICES, "BLOCK": BLOCK}, arch=arch, num_warps=4, num_stages=2),
+            constants={"SLICES": slices, "BLOCK": block}, arch=arch, num_warps=warps, num_stages=2),
         "stats_combine": compile_kernel(
             stats_combine_kernel, signature={"params": "*fp64", "part_f": "*fp64", "part_i": "*i64", **state,
                                              "token": "*i32", "logprob": "*fp32"},
-            constants={"SLICES": SLICES}, arch=arch, num_warps=2, num_stages=1),
+            constants={"SLICES": slices}, arch=arch, num_warps=2, num_stages=1),
     }
     for stage in (TOPK, KEPT, DRAW):
-        shape = {"STAGE": stage, "NPASS": npass, "IDX_BITS": ib, "SLICES": SLICES, "DIGIT": DIGIT}
+        shape = {"STAGE": stage, "NPASS": npass, "IDX_BITS": ib, "SLICES": slices, "DIGIT": DIGIT}
         out[f"pass{stage}"] = compile_kernel(
             pass_kernel, signature={"logits": "*fp32", "params": "*fp64", **state, **hist, "vocab": "i32",
                                     "step": "i32"},
-            constants={**shape, "BLOCK": BLOCK}, arch=arch, num_warps=4, num_stages=2)
+            constants={**shape, "BLOCK": block}, arch=arch, num_warps=warps, num_stages=2)
         out[f"combine{stage}"] = compile_kernel(
             combine_kernel, signature={"logits": "*fp32", "params": "*fp64", **state, **hist, "token": "*i32",
                                        "logprob": "*fp32", "vocab": "i32", "step": "i32"},
