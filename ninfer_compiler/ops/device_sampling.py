@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
     from .triton_aot import KernelImage
 
-SLICES = 64  # programs per row in the histogram passes
+SLICES = 256  # programs per row in the histogram passes: each walks 8 steps of a 248,320 row; 64 took
+# twice the GPU time at one row, 512 more at eight (tests/gpu/check_device_sampling.py, H100)
 BLOCK = 128  # elements a program takes at a time
 DIGIT = 4  # key bits a pass decides
 PARAMS = 5  # per row: temperature, top_k, top_p, min_p, u (float64)

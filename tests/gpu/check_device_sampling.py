@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 STAGE = ROOT / ".cache" / "ninfer" / "device-sampling"
 VOCAB = 248320
-SHAPES = {  # name: (slices per row, elements a step, warps); the package's is s64_b128_w4
+SHAPES = {  # name: (slices per row, elements a step, warps); the package's is s256_b128_w4
     "s64_b128_w4": (64, 128, 4),
     "s128_b128_w4": (128, 128, 4),
     "s256_b128_w4": (256, 128, 4),
