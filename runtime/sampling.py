@@ -55,19 +55,22 @@ class SamplingParams:
         return self.greedy or self.temperature == 0.0
 
     @property
-    def plain_greedy(self) -> bool:
-        """Greedy with nothing that needs the whole logits row on the host (no penalties, no
-        alternatives to report): the device's per-row choice is then the same token."""
-        return (self.is_greedy and not self.logprobs and self.repetition_penalty == 1.0
+    def _row_not_needed(self) -> bool:
+        """Nothing needs the whole logits row on the host: no penalties, no alternatives to report."""
+        return (not self.logprobs and self.repetition_penalty == 1.0
                 and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0)
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that needs the whole logits row on the host: the device's per-row
+        choice is then the same token."""
+        return self.is_greedy and self._row_not_needed
 
     @property
     def plain_draw(self) -> bool:
-        """A draw with nothing that needs the whole logits row on the host (no penalties, no
-        alternatives to report): packages that draw on the device (`sample`) give the same token."""
-        return (not self.is_greedy and not self.logprobs and self.repetition_penalty == 1.0
-                and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0)
+        """A draw with nothing that needs the whole logits row on the host: packages that draw
+        on the device (`sample`) give the same token."""
+        return not self.is_greedy and self._row_not_needed
 
     def device_row(self, position: int) -> list[float]:
         """This draw as a row of the device's `sample` function: temperature, top_k, top_p,
