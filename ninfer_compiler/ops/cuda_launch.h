@@ -36,6 +36,18 @@ inline LaunchAttr programmatic_serialization() {
   return attr;
 }
 
+constexpr int kAttrClusterDimension = 4;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (value: unsigned x, y, z)
+
+// The attribute that launches the grid's blocks in clusters of `x` (x, 1, 1).
+inline LaunchAttr cluster_dimension(unsigned x) {
+  LaunchAttr attr{};
+  attr.id = kAttrClusterDimension;
+  const unsigned dims[3] = {x, 1u, 1u};
+  for (int i = 0; i < 3; ++i)
+    for (int b = 0; b < 4; ++b) attr.v.bytes[4 * i + b] = static_cast<char>((dims[i] >> (8 * b)) & 0xFFu);
+  return attr;
+}
+
 // Whether launches that can take Programmatic Dependent Launch do (unless NINFER_PDL=0; read once).
 // Such a kernel may start while the previous kernel of the stream still runs, so it must wait for it
 // (`griddepcontrol.wait`; Triton's `gdc_wait`) before touching anything that kernel may write.

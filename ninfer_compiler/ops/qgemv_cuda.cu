@@ -80,19 +80,33 @@ __device__ __forceinline__ uint4 ld_dep16(const void* p) {
 // The int8 form of 8 elements of a group of 64 (x = s (hi + lo / 254), s = max |x| / 127): hw / lw
 // the hi / lo bytes ([odd]: elements 2 i + odd), sh the group's s. Every lane of the warp calls it
 // (the shuffles); lanes 8 j .. 8 j + 7 hold one group; false (nothing computed) unless `valid`.
-__device__ __forceinline__ bool xq8_bytes(const uint32_t (&o)[4], uint32_t (&hw)[2], uint32_t (&lw)[2], float& sh,
-                                          bool valid) {
-  float f[8], m = 0.f;
+__device__ __forceinline__ void xq8_round(const float (&f)[8], float m, uint32_t (&hw)[2], uint32_t (&lw)[2],
+                                          float& sh);
+
+__device__ __forceinline__ void xq8_floats(const uint32_t (&o)[4], float (&f)[8]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     f[2 * i] = __uint_as_float(o[i] << 16);
     f[2 * i + 1] = __uint_as_float(o[i] & 0xFFFF0000u);
   }
+}
+
+__device__ __forceinline__ bool xq8_bytes(const uint32_t (&o)[4], uint32_t (&hw)[2], uint32_t (&lw)[2], float& sh,
+                                          bool valid) {
+  float f[8], m = 0.f;
+  xq8_floats(o, f);
 #pragma unroll
   for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(f[i]));
 #pragma unroll
   for (int d = 1; d < 8; d <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, d));  // the group's 8 lanes
   if (!valid) return false;
+  xq8_round(f, m, hw, lw, sh);
+  return true;
+}
+
+// The bytes and scale of 8 elements `f` of a group whose max |x| is `m` (fmaxf's: NaN ignored).
+__device__ __forceinline__ void xq8_round(const float (&f)[8], float m, uint32_t (&hw)[2], uint32_t (&lw)[2],
+                                          float& sh) {
   // any s works as long as hi and lo use the same one (lo keeps the residual): fast reciprocal
   sh = m > 0.f ? m * (1.f / 127.f) : 1.f;
   const float inv = __frcp_rn(sh);
@@ -112,7 +126,17 @@ __device__ __forceinline__ bool xq8_bytes(const uint32_t (&o)[4], uint32_t (&hw)
     return __byte_perm(__byte_perm(b[o], b[o + 2], 0x0040u), __byte_perm(b[o + 4], b[o + 6], 0x0040u), 0x5410u);
   };
   hw[0] = pack(hb, 0), hw[1] = pack(hb, 1), lw[0] = pack(lb, 0), lw[1] = pack(lb, 1);
-  return true;
+}
+
+// Vector v's bytes of batch row r (< 4) at their places of the xq layout (`v4_stage_i8`, K % 64 == 0);
+// the group's first vector also writes its scale.
+__device__ __forceinline__ void xq8_put(const uint32_t (&hw)[2], const uint32_t (&lw)[2], float sh, uint32_t v,
+                                        uint32_t r, uint32_t k, uint8_t* xq) {
+  const uint32_t grp = v >> 3, m8 = v & 7u;  // lane-in-quad m8 / 2, word m8 % 2 of its chunk
+  uint8_t* chunk = xq + (grp * 32u + (m8 >> 1) * 8u + 2u * r) * 16u + (m8 & 1u) * 8u;
+  *reinterpret_cast<uint2*>(chunk) = make_uint2(hw[0], hw[1]);
+  *reinterpret_cast<uint2*>(chunk + 16u) = make_uint2(lw[0], lw[1]);
+  if (m8 == 0u) reinterpret_cast<float*>(xq + 8u * k)[(grp >> 2) * 16u + r * 4u + (grp & 3u)] = sh / (254.f * 16.f);
 }
 
 // The int8 activations of one 8-element vector v of batch row r (< 4) into `xq` (the layout of
@@ -122,11 +146,7 @@ __device__ __forceinline__ void norm_xq8(const uint32_t (&o)[4], uint32_t v, uin
   uint32_t hw[2], lw[2];
   float sh;
   if (!xq8_bytes(o, hw, lw, sh, valid)) return;
-  const uint32_t grp = v >> 3, m8 = v & 7u;  // lane-in-quad m8 / 2, word m8 % 2 of its chunk
-  uint8_t* chunk = xq + (grp * 32u + (m8 >> 1) * 8u + 2u * r) * 16u + (m8 & 1u) * 8u;
-  *reinterpret_cast<uint2*>(chunk) = make_uint2(hw[0], hw[1]);
-  *reinterpret_cast<uint2*>(chunk + 16u) = make_uint2(lw[0], lw[1]);
-  if (m8 == 0u) reinterpret_cast<float*>(xq + 8u * k)[(grp >> 2) * 16u + r * 4u + (grp & 3u)] = sh / (254.f * 16.f);
+  xq8_put(hw, lw, sh, v, r, k, xq);
 }
 }  // namespace
 
@@ -877,6 +897,50 @@ constexpr uint32_t V4_XQ_GROUPS = 8192;  // outputs <= 524,288 (the launcher che
 #define NINFER_V4_RES_EARLY 0
 #endif
 __device__ uint32_t v4_xq_arrivals[V4_XQ_GROUPS];
+// Measurement switch: 1 = the I8 SwiGLU's handover inside a thread block cluster instead (the
+// launcher launches the 1-4 blocks of each 64-group as one cluster; `v4_xq_out_cluster`)
+#ifndef NINFER_V4_XQ_CLUSTER
+#define NINFER_V4_XQ_CLUSTER 0
+#endif
+// Where `v4_xq_out_cluster` keeps the block's maxima (uint32 bits of max |y| per batch row, 4) and
+// its bf16 outputs ([row 4][64]) in the dynamic shared memory, past the K-split partial sums
+// (8 warps x 128 floats) and inside every I8 SwiGLU's ring (the launcher checks)
+constexpr uint32_t V4_XQC_OFF = 4096u;  // ... to V4_XQC_OFF + 16 + 4 x 64 x 2 (the launcher's kXqClusterEnd)
+
+// The number of blocks in this block's cluster (1 when launched without clusters).
+__device__ __forceinline__ uint32_t cluster_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+#else
+  return 1u;
+#endif
+}
+
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// The 32-bit word at `p` (this block's shared memory) in the shared memory of cluster block `rank`.
+__device__ __forceinline__ uint32_t cluster_load(const uint32_t* p, uint32_t rank) {
+  uint32_t v = 0u;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
+#endif
+  return v;
+}
 
 // a[s] by selects (an indexed parameter array would be copied to local memory)
 template <typename T>
@@ -939,6 +1003,45 @@ __device__ __forceinline__ void v4_xq_out(const __nv_bfloat16* y, const V4Epi& e
     const uint32_t o[4] = {q.x, q.y, q.z, q.w};
     norm_xq8(o, v, r, n_rows, valid, e.xq_out);
   }
+}
+
+// `v4_xq_out` within a cluster: the cluster is the 2 or 4 blocks that write one 64-group's outputs
+// (blocks of `outs` < 4 output tiles). Each block has put its rounded outputs into its shared memory
+// (`V4_XQC_OFF`, in the epilogue); its first warp takes their max |y| per batch row, and after one
+// cluster barrier every block reads the group's maxima from the others' shared memory and quantizes
+// its own outputs with them: the bytes `norm_xq8` writes, with no fence, atomic or reload of y from L2.
+__device__ __forceinline__ void v4_xq_out_cluster(const V4Epi& e, uint32_t n_rows, uint32_t b_rows, uint32_t out0,
+                                                  uint32_t outs) {
+  extern __shared__ __align__(16) uint8_t v4_smem[];
+  uint32_t* xq_m = reinterpret_cast<uint32_t*>(v4_smem + V4_XQC_OFF);
+  const __nv_bfloat16* xq_y = reinterpret_cast<const __nv_bfloat16*>(v4_smem + V4_XQC_OFF + 16u);
+  const uint32_t lane = threadIdx.x & 31u, r = lane >> 3, j = lane & 7u, blocks = 64u / (outs * 16u);
+  const bool mine = r < b_rows && j < outs * 2u;  // lane (of the first warp): vector j of batch row r
+  __syncthreads();  // the block's outputs are in shared memory
+  float f[8], m = 0.f;
+  if (threadIdx.x < 32u) {
+    uint4 q = make_uint4(0u, 0u, 0u, 0u);
+    if (mine) q = *reinterpret_cast<const uint4*>(xq_y + r * 64u + j * 8u);
+    const uint32_t o[4] = {q.x, q.y, q.z, q.w};
+    xq8_floats(o, f);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(f[i]));
+#pragma unroll
+    for (int d = 1; d < 8; d <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, d));  // the row's 8 lanes
+    if (j == 0u) xq_m[r] = __float_as_uint(m);
+  }
+  cluster_arrive();  // (release: this block's maxima)
+  cluster_wait();
+  if (threadIdx.x < 32u && mine)
+    for (uint32_t q = 0; q < blocks; ++q) m = fmaxf(m, __uint_as_float(cluster_load(xq_m + r, q)));
+  cluster_arrive();  // this block reads no other block's shared memory after here
+  if (threadIdx.x < 32u && mine) {
+    uint32_t hw[2], lw[2];
+    float sh;
+    xq8_round(f, m, hw, lw, sh);
+    xq8_put(hw, lw, sh, (out0 >> 3) + j, r, n_rows, e.xq_out);
+  }
+  cluster_wait();  // ... and no other block reads this one's: it may exit
 }
 
 // Block layout: `slots` row tiles x `ks` K-parts, one warp each (warp = kpart * slots + slot). In
@@ -1129,6 +1232,10 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   for (int i = 0; i < 4; ++i) part[warp * 128u + (g + (i >> 1) * 8u) * 8u + 2u * c + (i & 1)] = acc[i];
   __syncthreads();
   const uint32_t outs = swiglu ? slots >> 1 : slots;  // output tiles of this block
+  // the I8 SwiGLU's handover within a cluster (`v4_xq_out_cluster`)
+  const bool xq_cluster = NINFER_V4_XQ_CLUSTER && I8 && swiglu && e.xq_out != nullptr && outs * 16u < 64u &&
+                          cluster_blocks() == 64u / (outs * 16u);
+  __nv_bfloat16* xq_y = reinterpret_cast<__nv_bfloat16*>(v4_smem + V4_XQC_OFF + 16u);
   for (uint32_t t = threadIdx.x; t < outs * 128u; t += blockDim.x) {
     const uint32_t s = t >> 7, rb = t & 127u, r = rb >> 3, col = rb & 7u;
     uint32_t row = (tile0 + blk * outs + s) * 16u + r;
@@ -1148,11 +1255,18 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
     for (uint32_t p = 0; p < ks; ++p) v += part[(p * slots + sv) * 128u + rb];
     if (swiglu)
       for (uint32_t p = 0; p < ks; ++p) up += part[(p * slots + sv + 1u) * 128u + rb];
+    if (xq_cluster) {  // (SwiGLU) the output as stored, also into shared memory
+      const float out = v4_finish<MODE>(v, up, e, col, row, n_rows);
+      store_v3(yo + col * stride + row, out);
+      xq_y[col * 64u + s * 16u + r] = __float2bfloat16_rn(out);
+      continue;
+    }
     store_v3(yo + col * stride + row,
              res_early && t == threadIdx.x ? v + res_pre : v4_finish<MODE>(v, up, e, col, row, n_rows));
   }
-  if (I8 && swiglu && e.xq_out != nullptr) v4_xq_out(reinterpret_cast<const __nv_bfloat16*>(y), e, n_rows, b_rows,
-                                                     (tile0 + blk * outs) * 16u, outs * 16u);
+  if (I8 && swiglu && e.xq_out != nullptr && !xq_cluster)
+    v4_xq_out(reinterpret_cast<const __nv_bfloat16*>(y), e, n_rows, b_rows, (tile0 + blk * outs) * 16u, outs * 16u);
+  if (xq_cluster) v4_xq_out_cluster(e, n_rows, b_rows, (tile0 + blk * outs) * 16u, outs);
 }
 
 }  // namespace

@@ -97,6 +97,13 @@ constexpr uint32_t kV4MaxWarps = 8;
 // cross-block step pays at one row only: SwiGLU + down 60.29 -> 57.30 us at b = 1, 61.34 -> 62.92 at
 // b = 2, 61.91 -> 62.75 at b = 4 (docs/kernels/decode-gemv-v4.md, "ninth pass"). Up to 4.
 #define NINFER_XQ_HANDOVER_ROWS 1
+// Whether the SwiGLU's handover runs inside thread block clusters (one per 64-group of outputs:
+// `v4_xq_out_cluster`) instead of counting the group's blocks in through global memory. Must match
+// the kernels' switch of the same name (the variant builds pass both).
+#ifndef NINFER_V4_XQ_CLUSTER
+#define NINFER_V4_XQ_CLUSTER 0
+#endif
+constexpr uint32_t kXqClusterEnd = 4096 + 16 + 4 * 64 * 2;  // qgemv_cuda.cu V4_XQC_END
 
 // v4 epilogues (V4Mode in qgemv_cuda.cu) and the kernel's by-value parameter `V4Epi`.
 enum V4Mode : uint32_t { V4_PLAIN = 0, V4_ADD = 1, V4_SWIGLU = 2, V4_MULTI = 3 };
@@ -275,12 +282,16 @@ bool mixed_merge_enabled() {
 }
 #endif
 
-void launch(CUfunction fn, uint32_t grid, uint32_t threads, uint32_t smem, CUstream stream, void** args) {
-  LaunchAttr attr = ninfer_launch::programmatic_serialization();
+// `cluster` > 1: the launch's blocks in clusters of that many (grid % cluster == 0).
+void launch(CUfunction fn, uint32_t grid, uint32_t threads, uint32_t smem, CUstream stream, void** args,
+            uint32_t cluster = 1) {
+  LaunchAttr attrs[2] = {ninfer_launch::programmatic_serialization(), ninfer_launch::cluster_dimension(cluster)};
   const bool pdl = pdl_enabled();
-  LaunchConfig cfg{grid, 1, 1, threads, 1, 1, smem, stream, pdl ? &attr : nullptr, pdl ? 1u : 0u};
+  const uint32_t n = (pdl ? 1u : 0u) + (cluster > 1 ? 1u : 0u);
+  LaunchConfig cfg{grid, 1, 1, threads, 1, 1, smem, stream, n ? (pdl ? attrs : attrs + 1) : nullptr, n};
   const CUresult rc = driver().launch_ex(&cfg, fn, args, nullptr);
-  TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: launch failed with " << rc;
+  TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: launch failed with " << rc << (cluster > 1 ? " (clusters of " : "")
+                          << (cluster > 1 ? std::to_string(cluster) + " blocks)" : "");
 }
 
 #ifndef NINFER_GEMV_DENSE_ONLY
@@ -433,7 +444,14 @@ void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Plan
     TVM_FFI_ICHECK(norm == nullptr || (v4 && mode == V4_ADD)) << "ninfer_gemv: add_norm runs on v4 residual adds only";
     void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks, v4 ? static_cast<void*>(&e) : static_cast<void*>(&ys)};
     const uint32_t grid = v4 ? grid_v4 : v3 ? grid3 : grid2, threads = v4 ? warps_v4 * 32 : v3 ? threads3 : 256;
-    launch(fn, grid, threads, v4 ? v4_smem(bits, warps_v4, (i8 && b == 1) || self_i8, self_i8) : 0, stream, args);
+    const uint32_t smem = v4 ? v4_smem(bits, warps_v4, (i8 && b == 1) || self_i8, self_i8) : 0;
+    // the SwiGLU's handover in clusters: the blocks of one 64-group of outputs (`v4_xq_out_cluster`)
+    const uint32_t outs16 = swiglu ? warps_v4 / ks / 2 * 16 : 0;
+    const uint32_t cluster = NINFER_V4_XQ_CLUSTER && i8 && swiglu && xq_out != nullptr && outs16 < 64 ? 64 / outs16 : 1;
+    TVM_FFI_ICHECK(cluster == 1 || (grid % cluster == 0 && smem >= kXqClusterEnd))
+        << "ninfer_gemv: the SwiGLU's cluster handover needs whole groups of blocks and " << kXqClusterEnd
+        << " bytes of shared memory";
+    launch(fn, grid, threads, smem, stream, args, cluster);
   }
 }
 

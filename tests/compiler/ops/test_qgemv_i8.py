@@ -49,6 +49,59 @@ def _norm_xq(xn: np.ndarray) -> np.ndarray:
     return xq
 
 
+def _put(xq: np.ndarray, f: np.ndarray, m: np.float32, v: int, r: int, k: int) -> None:
+    """`xq8_round` + `xq8_put`: vector v of batch row r (8 floats `f`) with its group's max `m`."""
+    sh = np.float32(m / np.float32(127)) if m > 0 else np.float32(1)
+    inv = np.float32(1) / sh
+    hi = np.clip(np.rint(f * inv), -127, 127).astype(np.float32)
+    lo = np.clip(np.rint((f - hi * sh) * (np.float32(254) * inv)), -127, 127)
+    grp, m8 = v >> 3, v & 7
+    chunk = (grp * 32 + (m8 >> 1) * 8 + 2 * r) * 16 + (m8 & 1) * 8
+    for e in range(8):
+        pos = chunk + 4 * (e & 1) + (e >> 1)
+        xq[pos] = np.int8(hi[e]).view(np.uint8)
+        xq[pos + 16] = np.int8(lo[e]).view(np.uint8)
+    if m8 == 0:
+        xq[k * 8:].view(np.float32)[(grp >> 2) * 16 + r * 4 + (grp & 3)] = sh / np.float32(254 * 16)
+
+
+def _xq_out_cluster(y: np.ndarray, outs: int) -> np.ndarray:
+    """`v4_xq_out_cluster` for a SwiGLU of blocks with `outs` output tiles (16 outputs each): every
+    block's first warp (lane: batch row r = lane / 8, vector j = lane % 8 < 2 outs) takes its
+    vectors' max |y| per row, the cluster's blocks (64 / (16 outs) of them) share theirs, and each
+    lane writes its vector with the cluster's max."""
+    b, n = y.shape
+    xq = np.zeros(n * 8 + n // 256 * 64, dtype=np.uint8)
+    per = 64 // (outs * 16)
+    blocks = n // (outs * 16)
+    local = np.zeros((blocks, 4), dtype=np.float32)  # the blocks' xq_m words
+    lanes = [(blk, lane >> 3, lane & 7) for blk in range(blocks) for lane in range(32)
+             if (lane >> 3) < b and (lane & 7) < outs * 2]
+    for blk, r, j in lanes:
+        v = (blk * outs * 16 >> 3) + j
+        local[blk, r] = max(local[blk, r], np.abs(y[r, 8 * v:8 * v + 8]).max())
+    written = np.zeros((b, n // 8), dtype=int)
+    for blk, r, j in lanes:
+        first = blk - blk % per  # cluster rank q = blockIdx.x % per
+        m = np.float32(max(local[first + q, r] for q in range(per)))
+        v = (blk * outs * 16 >> 3) + j
+        _put(xq, y[r, 8 * v:8 * v + 8].astype(np.float32), m, v, r, n)
+        written[r, v] += 1
+    assert (written == 1).all()  # every vector of every row once
+    return xq
+
+
+@pytest.mark.parametrize("outs", [1, 2])
+@pytest.mark.parametrize("b", [1, 3, 4])
+def test_swiglu_cluster_handover_writes_the_norms_bytes(b: int, outs: int) -> None:
+    """The SwiGLU's handover inside a cluster (NINFER_V4_XQ_CLUSTER) writes exactly the bytes the
+    norm's layout has for the same bf16 outputs, as the count-in handover (`norm_xq8`) does."""
+    rng = np.random.default_rng(b * 10 + outs)
+    y = _bf16(rng.standard_normal((b, 256)) * rng.choice([0.01, 1.0, 40.0], size=(b, 256)))
+    y[0, 64:128] = 0.0  # an all-zero group: scale 1, zero bytes
+    assert np.array_equal(_xq_out_cluster(y, outs), _norm_xq(y))
+
+
 def _word(row_bytes: np.ndarray, at: int) -> int:
     return int(row_bytes[at:at + 4].view("<u4")[0])
 
@@ -180,6 +233,14 @@ def test_sources_agree_on_the_layout() -> None:
     # the SwiGLU's int8 output: lane = batch row r and vector of a group, as the norm's (`_norm_xq`)
     assert "const uint32_t r = lane >> 3, v = (grp0 + gi) * 8u + (lane & 7u);" in cu
     assert "norm_xq8(o, v, r, n_rows, valid, e.xq_out);" in cu
+    # ... and within a cluster (`_xq_out_cluster`)
+    assert "const uint32_t lane = threadIdx.x & 31u, r = lane >> 3, j = lane & 7u, blocks = 64u / (outs * 16u);" in cu
+    assert "const bool mine = r < b_rows && j < outs * 2u;" in cu
+    assert "xq_y[col * 64u + s * 16u + r] = __float2bfloat16_rn(out);" in cu
+    assert "q = *reinterpret_cast<const uint4*>(xq_y + r * 64u + j * 8u);" in cu
+    assert "for (uint32_t q = 0; q < blocks; ++q) m = fmaxf(m, __uint_as_float(cluster_load(xq_m + r, q)));" in cu
+    assert "xq8_put(hw, lw, sh, (out0 >> 3) + j, r, n_rows, e.xq_out);" in cu
+    assert "const uint32_t cluster = NINFER_V4_XQ_CLUSTER && i8 && swiglu && xq_out != nullptr && outs16 < 64 ? 64 / outs16 : 1;" in cc
     assert "t[0] * 254 + t[1]" in cu
     assert re.search(r"int64_t xq_bytes\(int64_t k\) \{ return k \* 8 \+ k / 256 \* 64; \}", cc)
     assert qgemv.xq_bytes(5120) == 5120 * 8 + 5120 // 256 * 64

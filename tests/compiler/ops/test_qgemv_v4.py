@@ -408,3 +408,51 @@ def test_v4_launcher_builds_warning_free(tmp_path):
     symbols = build_launcher(cuda_extern.host_source(qgemv.host_source("sm_90a"), []), tmp_path)
     for name in ("ninfer_qgemv", "ninfer_qgemv_add", "ninfer_qgemv_swiglu", "ninfer_qgemv_multi"):
         assert re.search(rf"\bT __tvm_ffi_{name}\b", symbols), name
+
+
+def _cluster_barriers(sass: str) -> dict[str, int]:
+    """Per function of a `cuobjdump -sass` listing: its cluster barrier instructions (arrive + wait)."""
+    counts: dict[str, int] = {}
+    name = None
+    for line in sass.splitlines():
+        found = re.search(r"Function : (\S+)", line)
+        if found:
+            name = found.group(1)
+        elif name and re.search(r"\bUCGABAR_(ARV|WAIT)\b", line):
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_swiglu_cluster_handover_builds(arch, tmp_path):
+    """NINFER_V4_XQ_CLUSTER=1 (the SwiGLU's int8 handover inside thread block clusters): only the
+    int8 SwiGLU entry gains cluster barriers (two phases: the maxima, then the end of the remote
+    reads), with no spill; the default build has none. The launcher with the switch builds under
+    -Wall -Werror."""
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    from ninfer_compiler.codegen.toolchain import nvcc_path
+    from ninfer_compiler.ops import cuda_extern
+
+    from ..conftest import build_launcher
+
+    sass = {}
+    for tag, extra in (("default", []), ("cluster", ["-DNINFER_V4_XQ_CLUSTER=1"])):
+        cubin = tmp_path / f"{tag}.cubin"
+        proc = subprocess.run(
+            [nvcc_path(), "-cubin", "-O3", "-std=c++17", "-DNINFER_GEMV_SKIP_V2", "-DNINFER_PDL_EARLY=1", *extra,
+             "-Xptxas", "-v", f"-gencode=arch={arch.replace('sm_', 'compute_')},code={arch}",
+             str(qgemv.DEVICE_SOURCE), "-o", str(cubin)],
+            capture_output=True, text=True,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        spills = dict(re.findall(r"Function properties for (\w+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores",
+                                 proc.stderr))
+        assert int(spills["ninfer_qgemv4e_q4_swiglu_i8"]) == 0
+        sass[tag] = subprocess.run([str(_cuobjdump()), "-sass", str(cubin)], capture_output=True, text=True,
+                                   check=True).stdout
+    assert _cluster_barriers(sass["default"]) == {}
+    assert _cluster_barriers(sass["cluster"]) == {"ninfer_qgemv4e_q4_swiglu_i8": 4}
+    if arch == "sm_90a":
+        source = "#define NINFER_V4_XQ_CLUSTER 1\n" + qgemv.host_source("sm_90a")
+        symbols = build_launcher(cuda_extern.host_source(source, []), tmp_path)
+        assert re.search(r"\bT __tvm_ffi_ninfer_qgemv_swiglu_i8x\b", symbols)
