@@ -96,7 +96,9 @@ constexpr uint32_t kV4MaxWarps = 8;
 // activations (`qgemv_swiglu_i8x` -> `qgemv_add_i8h`; above it both run on bf16). The handover's
 // cross-block step pays at one row only: SwiGLU + down 60.29 -> 57.30 us at b = 1, 61.34 -> 62.92 at
 // b = 2, 61.91 -> 62.75 at b = 4 (docs/kernels/decode-gemv-v4.md, "ninth pass"). Up to 4.
+#ifndef NINFER_XQ_HANDOVER_ROWS
 #define NINFER_XQ_HANDOVER_ROWS 1
+#endif
 // Whether the SwiGLU's handover runs inside thread block clusters (one per 64-group of outputs:
 // `v4_xq_out_cluster`) instead of counting the group's blocks in through global memory. Must match
 // the kernels' switch of the same name (the variant builds pass both).
