@@ -897,17 +897,18 @@ constexpr uint32_t V4_XQ_GROUPS = 8192;  // outputs <= 524,288 (the launcher che
 #define NINFER_V4_RES_EARLY 0
 #endif
 __device__ uint32_t v4_xq_arrivals[V4_XQ_GROUPS];
-// Measurement switch: 1 = the I8 SwiGLU's handover inside a thread block cluster instead (the
-// launcher launches the 1-4 blocks of each 64-group as one cluster; `v4_xq_out_cluster`)
+// Measurement switch: the I8 SwiGLU's handover inside thread block clusters (the launcher launches
+// the 2-4 blocks of each 64-group as one cluster): 1 = `v4_xq_out_cluster`; 2 = clusters launched,
+// the count-in handover kept (what the cluster launch alone costs)
 #ifndef NINFER_V4_XQ_CLUSTER
 #define NINFER_V4_XQ_CLUSTER 0
 #endif
-// Where `v4_xq_out_cluster` keeps the block's maxima (uint32 bits of max |y| per batch row, 4) and
-// its bf16 outputs ([row 4][64]) in the dynamic shared memory, past the K-split partial sums
-// (8 warps x 128 floats) and inside every I8 SwiGLU's ring (the launcher checks)
-constexpr uint32_t V4_XQC_OFF = 4096u;  // ... to V4_XQC_OFF + 16 + 4 x 64 x 2 (the launcher's kXqClusterEnd)
+// `v4_xq_out_cluster`'s buffer: the group's bf16 outputs ([row 4][64]), in the cluster leader's
+// dynamic shared memory past its ring (the launcher adds these bytes), so that the other blocks can
+// write it while the leader still streams
+constexpr uint32_t V4_XQC_BYTES = 4u * 64u * 2u;
 
-// The number of blocks in this block's cluster (1 when launched without clusters).
+// The number of blocks in this block's cluster (1 when launched without clusters), and this block's rank in it.
 __device__ __forceinline__ uint32_t cluster_blocks() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t n;
@@ -916,6 +917,22 @@ __device__ __forceinline__ uint32_t cluster_blocks() {
 #else
   return 1u;
 #endif
+}
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r = 0u;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+
+__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
+  uint32_t n = 0u;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+#endif
+  return n;
 }
 
 __device__ __forceinline__ void cluster_arrive() {
@@ -930,16 +947,14 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
-// The 32-bit word at `p` (this block's shared memory) in the shared memory of cluster block `rank`.
-__device__ __forceinline__ uint32_t cluster_load(const uint32_t* p, uint32_t rank) {
-  uint32_t v = 0u;
+// Store `v` at `p` (an address of this block's shared memory) in the shared memory of cluster block 0.
+__device__ __forceinline__ void cluster_store_leader(const void* p, __nv_bfloat16 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
-  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
+  asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(remote) : "r"(a));
+  asm volatile("st.shared::cluster.b16 [%0], %1;" ::"r"(remote), "h"(__bfloat16_as_ushort(v)) : "memory");
 #endif
-  return v;
 }
 
 // a[s] by selects (an indexed parameter array would be copied to local memory)
@@ -1006,42 +1021,24 @@ __device__ __forceinline__ void v4_xq_out(const __nv_bfloat16* y, const V4Epi& e
 }
 
 // `v4_xq_out` within a cluster: the cluster is the 2 or 4 blocks that write one 64-group's outputs
-// (blocks of `outs` < 4 output tiles). Each block has put its rounded outputs into its shared memory
-// (`V4_XQC_OFF`, in the epilogue); its first warp takes their max |y| per batch row, and after one
-// cluster barrier every block reads the group's maxima from the others' shared memory and quantizes
-// its own outputs with them: the bytes `norm_xq8` writes, with no fence, atomic or reload of y from L2.
-__device__ __forceinline__ void v4_xq_out_cluster(const V4Epi& e, uint32_t n_rows, uint32_t b_rows, uint32_t out0,
-                                                  uint32_t outs) {
+// (blocks of `outs` < 4 output tiles). Every block has stored its rounded outputs into the buffer of
+// the cluster's first block (in the epilogue) and arrives; the others exit at once, the first waits
+// for them and quantizes the group as `v4_xq_out`'s last block does (`norm_xq8`), with no fence,
+// atomic or reload of y from L2.
+__device__ __forceinline__ void v4_xq_out_cluster(const V4Epi& e, uint32_t n_rows, uint32_t b_rows, uint32_t out0) {
   extern __shared__ __align__(16) uint8_t v4_smem[];
-  uint32_t* xq_m = reinterpret_cast<uint32_t*>(v4_smem + V4_XQC_OFF);
-  const __nv_bfloat16* xq_y = reinterpret_cast<const __nv_bfloat16*>(v4_smem + V4_XQC_OFF + 16u);
-  const uint32_t lane = threadIdx.x & 31u, r = lane >> 3, j = lane & 7u, blocks = 64u / (outs * 16u);
-  const bool mine = r < b_rows && j < outs * 2u;  // lane (of the first warp): vector j of batch row r
-  __syncthreads();  // the block's outputs are in shared memory
-  float f[8], m = 0.f;
-  if (threadIdx.x < 32u) {
-    uint4 q = make_uint4(0u, 0u, 0u, 0u);
-    if (mine) q = *reinterpret_cast<const uint4*>(xq_y + r * 64u + j * 8u);
-    const uint32_t o[4] = {q.x, q.y, q.z, q.w};
-    xq8_floats(o, f);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(f[i]));
-#pragma unroll
-    for (int d = 1; d < 8; d <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, d));  // the row's 8 lanes
-    if (j == 0u) xq_m[r] = __float_as_uint(m);
-  }
-  cluster_arrive();  // (release: this block's maxima)
+  cluster_arrive();  // (release: this block's outputs in the leader's buffer)
+  if (cluster_rank() != 0u) return;
   cluster_wait();
-  if (threadIdx.x < 32u && mine)
-    for (uint32_t q = 0; q < blocks; ++q) m = fmaxf(m, __uint_as_float(cluster_load(xq_m + r, q)));
-  cluster_arrive();  // this block reads no other block's shared memory after here
-  if (threadIdx.x < 32u && mine) {
-    uint32_t hw[2], lw[2];
-    float sh;
-    xq8_round(f, m, hw, lw, sh);
-    xq8_put(hw, lw, sh, (out0 >> 3) + j, r, n_rows, e.xq_out);
+  const __nv_bfloat16* xq_y = reinterpret_cast<const __nv_bfloat16*>(v4_smem + dynamic_smem_bytes() - V4_XQC_BYTES);
+  if (threadIdx.x < 32u) {
+    const uint32_t r = threadIdx.x >> 3, j = threadIdx.x & 7u;  // lane: vector j of the group, batch row r
+    const bool valid = r < b_rows;
+    uint4 q = make_uint4(0u, 0u, 0u, 0u);
+    if (valid) q = *reinterpret_cast<const uint4*>(xq_y + r * 64u + j * 8u);
+    const uint32_t o[4] = {q.x, q.y, q.z, q.w};
+    norm_xq8(o, (out0 >> 3) + j, r, n_rows, valid, e.xq_out);
   }
-  cluster_wait();  // ... and no other block reads this one's: it may exit
 }
 
 // Block layout: `slots` row tiles x `ks` K-parts, one warp each (warp = kpart * slots + slot). In
@@ -1232,10 +1229,13 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   for (int i = 0; i < 4; ++i) part[warp * 128u + (g + (i >> 1) * 8u) * 8u + 2u * c + (i & 1)] = acc[i];
   __syncthreads();
   const uint32_t outs = swiglu ? slots >> 1 : slots;  // output tiles of this block
-  // the I8 SwiGLU's handover within a cluster (`v4_xq_out_cluster`)
-  const bool xq_cluster = NINFER_V4_XQ_CLUSTER && I8 && swiglu && e.xq_out != nullptr && outs * 16u < 64u &&
+  // the I8 SwiGLU's handover within a cluster (`v4_xq_out_cluster`): this block's outputs go to
+  // the cluster leader's buffer, at the block's place in the group
+  const bool xq_cluster = NINFER_V4_XQ_CLUSTER == 1 && I8 && swiglu && e.xq_out != nullptr && outs * 16u < 64u &&
                           cluster_blocks() == 64u / (outs * 16u);
-  __nv_bfloat16* xq_y = reinterpret_cast<__nv_bfloat16*>(v4_smem + V4_XQC_OFF + 16u);
+  __nv_bfloat16* xq_y = nullptr;
+  if (xq_cluster)
+    xq_y = reinterpret_cast<__nv_bfloat16*>(v4_smem + dynamic_smem_bytes() - V4_XQC_BYTES) + cluster_rank() * outs * 16u;
   for (uint32_t t = threadIdx.x; t < outs * 128u; t += blockDim.x) {
     const uint32_t s = t >> 7, rb = t & 127u, r = rb >> 3, col = rb & 7u;
     uint32_t row = (tile0 + blk * outs + s) * 16u + r;
@@ -1255,10 +1255,10 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
     for (uint32_t p = 0; p < ks; ++p) v += part[(p * slots + sv) * 128u + rb];
     if (swiglu)
       for (uint32_t p = 0; p < ks; ++p) up += part[(p * slots + sv + 1u) * 128u + rb];
-    if (xq_cluster) {  // (SwiGLU) the output as stored, also into shared memory
+    if (xq_cluster) {  // (SwiGLU) the output as stored, also into the leader's buffer
       const float out = v4_finish<MODE>(v, up, e, col, row, n_rows);
       store_v3(yo + col * stride + row, out);
-      xq_y[col * 64u + s * 16u + r] = __float2bfloat16_rn(out);
+      cluster_store_leader(xq_y + col * 64u + s * 16u + r, __float2bfloat16_rn(out));
       continue;
     }
     store_v3(yo + col * stride + row,
@@ -1266,7 +1266,7 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   }
   if (I8 && swiglu && e.xq_out != nullptr && !xq_cluster)
     v4_xq_out(reinterpret_cast<const __nv_bfloat16*>(y), e, n_rows, b_rows, (tile0 + blk * outs) * 16u, outs * 16u);
-  if (xq_cluster) v4_xq_out_cluster(e, n_rows, b_rows, (tile0 + blk * outs) * 16u, outs);
+  if (xq_cluster) v4_xq_out_cluster(e, n_rows, b_rows, (tile0 + blk * outs - cluster_rank() * outs) * 16u);
 }
 
 }  // namespace

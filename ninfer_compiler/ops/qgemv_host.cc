@@ -99,13 +99,13 @@ constexpr uint32_t kV4MaxWarps = 8;
 #ifndef NINFER_XQ_HANDOVER_ROWS
 #define NINFER_XQ_HANDOVER_ROWS 1
 #endif
-// Whether the SwiGLU's handover runs inside thread block clusters (one per 64-group of outputs:
-// `v4_xq_out_cluster`) instead of counting the group's blocks in through global memory. Must match
-// the kernels' switch of the same name (the variant builds pass both).
+// Measurement switch, the kernels' of the same name (the variant builds pass both): the SwiGLU's
+// handover inside thread block clusters, one per 64-group of outputs (1: `v4_xq_out_cluster`, whose
+// leader block holds the group's outputs past its ring; 2: clusters, the count-in handover kept).
 #ifndef NINFER_V4_XQ_CLUSTER
 #define NINFER_V4_XQ_CLUSTER 0
 #endif
-constexpr uint32_t kXqClusterEnd = 4096 + 16 + 4 * 64 * 2;  // qgemv_cuda.cu V4_XQC_END
+constexpr uint32_t kXqClusterBytes = 4 * 64 * 2;  // qgemv_cuda.cu V4_XQC_BYTES
 
 // v4 epilogues (V4Mode in qgemv_cuda.cu) and the kernel's by-value parameter `V4Epi`.
 enum V4Mode : uint32_t { V4_PLAIN = 0, V4_ADD = 1, V4_SWIGLU = 2, V4_MULTI = 3 };
@@ -230,7 +230,8 @@ CUfunction lookup(int index) {
                                 static_cast<int>(i == kSelfI8Index ? v4_smem(5, kV4MaxWarps, true, true)
                                                  : i == kMulti45I8Index
                                                      ? std::max(v4_smem(4, kV4MaxWarps, true), v4_smem(5, kV4MaxWarps, true))
-                                                 : i >= kI8Index ? v4_smem(i == kI8Index + 3 ? 5 : 4, kV4MaxWarps, true)
+                                                 : i >= kI8Index ? v4_smem(i == kI8Index + 3 ? 5 : 4, kV4MaxWarps, true) +
+                                                                       (i == kI8Index + 1 && NINFER_V4_XQ_CLUSTER == 1 ? kXqClusterBytes : 0)
                                                  : i == kMulti45Index
                                                      ? std::max(v4_smem(4, kV4MaxWarps), v4_smem(5, kV4MaxWarps))
                                                      : v4_smem((i - 35) / 4 + 4, kV4MaxWarps)));
@@ -446,13 +447,12 @@ void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Plan
     TVM_FFI_ICHECK(norm == nullptr || (v4 && mode == V4_ADD)) << "ninfer_gemv: add_norm runs on v4 residual adds only";
     void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks, v4 ? static_cast<void*>(&e) : static_cast<void*>(&ys)};
     const uint32_t grid = v4 ? grid_v4 : v3 ? grid3 : grid2, threads = v4 ? warps_v4 * 32 : v3 ? threads3 : 256;
-    const uint32_t smem = v4 ? v4_smem(bits, warps_v4, (i8 && b == 1) || self_i8, self_i8) : 0;
     // the SwiGLU's handover in clusters: the blocks of one 64-group of outputs (`v4_xq_out_cluster`)
     const uint32_t outs16 = swiglu ? warps_v4 / ks / 2 * 16 : 0;
     const uint32_t cluster = NINFER_V4_XQ_CLUSTER && i8 && swiglu && xq_out != nullptr && outs16 < 64 ? 64 / outs16 : 1;
-    TVM_FFI_ICHECK(cluster == 1 || (grid % cluster == 0 && smem >= kXqClusterEnd))
-        << "ninfer_gemv: the SwiGLU's cluster handover needs whole groups of blocks and " << kXqClusterEnd
-        << " bytes of shared memory";
+    TVM_FFI_ICHECK(cluster == 1 || grid % cluster == 0) << "ninfer_gemv: the SwiGLU's cluster handover needs whole groups of blocks";
+    const uint32_t smem = (v4 ? v4_smem(bits, warps_v4, (i8 && b == 1) || self_i8, self_i8) : 0) +
+                          (cluster > 1 && NINFER_V4_XQ_CLUSTER == 1 ? kXqClusterBytes : 0);
     launch(fn, grid, threads, smem, stream, args, cluster);
   }
 }

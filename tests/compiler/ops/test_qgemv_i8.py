@@ -49,52 +49,41 @@ def _norm_xq(xn: np.ndarray) -> np.ndarray:
     return xq
 
 
-def _put(xq: np.ndarray, f: np.ndarray, m: np.float32, v: int, r: int, k: int) -> None:
-    """`xq8_round` + `xq8_put`: vector v of batch row r (8 floats `f`) with its group's max `m`."""
-    sh = np.float32(m / np.float32(127)) if m > 0 else np.float32(1)
-    inv = np.float32(1) / sh
-    hi = np.clip(np.rint(f * inv), -127, 127).astype(np.float32)
-    lo = np.clip(np.rint((f - hi * sh) * (np.float32(254) * inv)), -127, 127)
-    grp, m8 = v >> 3, v & 7
-    chunk = (grp * 32 + (m8 >> 1) * 8 + 2 * r) * 16 + (m8 & 1) * 8
-    for e in range(8):
-        pos = chunk + 4 * (e & 1) + (e >> 1)
-        xq[pos] = np.int8(hi[e]).view(np.uint8)
-        xq[pos + 16] = np.int8(lo[e]).view(np.uint8)
-    if m8 == 0:
-        xq[k * 8:].view(np.float32)[(grp >> 2) * 16 + r * 4 + (grp & 3)] = sh / np.float32(254 * 16)
-
-
 def _xq_out_cluster(y: np.ndarray, outs: int) -> np.ndarray:
     """`v4_xq_out_cluster` for a SwiGLU of blocks with `outs` output tiles (16 outputs each): every
-    block's first warp (lane: batch row r = lane / 8, vector j = lane % 8 < 2 outs) takes its
-    vectors' max |y| per row, the cluster's blocks (64 / (16 outs) of them) share theirs, and each
-    lane writes its vector with the cluster's max."""
+    block of a cluster (64 / (16 outs) blocks, rank = block % that) stores its output (s, r) of batch
+    row col at `col * 64 + rank * outs * 16 + s * 16 + r` of the leader's buffer; the leader's first
+    warp (lane: batch row lane / 8, vector lane % 8) then quantizes the group from it with `norm_xq8`."""
     b, n = y.shape
-    xq = np.zeros(n * 8 + n // 256 * 64, dtype=np.uint8)
     per = 64 // (outs * 16)
-    blocks = n // (outs * 16)
-    local = np.zeros((blocks, 4), dtype=np.float32)  # the blocks' xq_m words
-    lanes = [(blk, lane >> 3, lane & 7) for blk in range(blocks) for lane in range(32)
-             if (lane >> 3) < b and (lane & 7) < outs * 2]
-    for blk, r, j in lanes:
-        v = (blk * outs * 16 >> 3) + j
-        local[blk, r] = max(local[blk, r], np.abs(y[r, 8 * v:8 * v + 8]).max())
-    written = np.zeros((b, n // 8), dtype=int)
-    for blk, r, j in lanes:
-        first = blk - blk % per  # cluster rank q = blockIdx.x % per
-        m = np.float32(max(local[first + q, r] for q in range(per)))
-        v = (blk * outs * 16 >> 3) + j
-        _put(xq, y[r, 8 * v:8 * v + 8].astype(np.float32), m, v, r, n)
-        written[r, v] += 1
-    assert (written == 1).all()  # every vector of every row once
+    xq = np.zeros(n * 8 + n // 256 * 64, dtype=np.uint8)
+    for first in range(0, n // (outs * 16), per):  # the clusters' leaders
+        buf = np.full((4, 64), np.nan)
+        for rank in range(per):
+            for s_ in range(outs):
+                for r in range(16):
+                    for col in range(b):
+                        out = (first + rank) * outs * 16 + s_ * 16 + r
+                        buf.reshape(-1)[col * 64 + rank * outs * 16 + s_ * 16 + r] = y[col, out]
+        group = np.zeros((b, 64))
+        for lane in range(32):
+            r, j = lane >> 3, lane & 7
+            if r < b:
+                group[r, 8 * j:8 * j + 8] = buf[r, 8 * j:8 * j + 8]
+        out0 = first * outs * 16  # the leader's first output: vector (out0 >> 3) + j
+        part = _norm_xq(np.concatenate([np.zeros((b, out0)), group, np.zeros((b, n - out0 - 64))], axis=1))
+        grp = out0 // 64
+        xq[grp * 512:grp * 512 + 512] = part[grp * 512:grp * 512 + 512]
+        sc, part_sc = xq[n * 8:].view(np.float32), part[n * 8:].view(np.float32)
+        for r in range(b):
+            sc[(grp >> 2) * 16 + r * 4 + (grp & 3)] = part_sc[(grp >> 2) * 16 + r * 4 + (grp & 3)]
     return xq
 
 
 @pytest.mark.parametrize("outs", [1, 2])
 @pytest.mark.parametrize("b", [1, 3, 4])
 def test_swiglu_cluster_handover_writes_the_norms_bytes(b: int, outs: int) -> None:
-    """The SwiGLU's handover inside a cluster (NINFER_V4_XQ_CLUSTER) writes exactly the bytes the
+    """The SwiGLU's handover inside a cluster (NINFER_V4_XQ_CLUSTER=1) writes exactly the bytes the
     norm's layout has for the same bf16 outputs, as the count-in handover (`norm_xq8`) does."""
     rng = np.random.default_rng(b * 10 + outs)
     y = _bf16(rng.standard_normal((b, 256)) * rng.choice([0.01, 1.0, 40.0], size=(b, 256)))
@@ -234,12 +223,12 @@ def test_sources_agree_on_the_layout() -> None:
     assert "const uint32_t r = lane >> 3, v = (grp0 + gi) * 8u + (lane & 7u);" in cu
     assert "norm_xq8(o, v, r, n_rows, valid, e.xq_out);" in cu
     # ... and within a cluster (`_xq_out_cluster`)
-    assert "const uint32_t lane = threadIdx.x & 31u, r = lane >> 3, j = lane & 7u, blocks = 64u / (outs * 16u);" in cu
-    assert "const bool mine = r < b_rows && j < outs * 2u;" in cu
-    assert "xq_y[col * 64u + s * 16u + r] = __float2bfloat16_rn(out);" in cu
+    assert "xq_y = reinterpret_cast<__nv_bfloat16*>(v4_smem + dynamic_smem_bytes() - V4_XQC_BYTES) + cluster_rank() * outs * 16u;" in cu
+    assert "cluster_store_leader(xq_y + col * 64u + s * 16u + r, __float2bfloat16_rn(out));" in cu
+    assert "const uint32_t r = threadIdx.x >> 3, j = threadIdx.x & 7u;" in cu
     assert "q = *reinterpret_cast<const uint4*>(xq_y + r * 64u + j * 8u);" in cu
-    assert "for (uint32_t q = 0; q < blocks; ++q) m = fmaxf(m, __uint_as_float(cluster_load(xq_m + r, q)));" in cu
-    assert "xq8_put(hw, lw, sh, (out0 >> 3) + j, r, n_rows, e.xq_out);" in cu
+    assert "norm_xq8(o, (out0 >> 3) + j, r, n_rows, valid, e.xq_out);" in cu
+    assert "v4_xq_out_cluster(e, n_rows, b_rows, (tile0 + blk * outs - cluster_rank() * outs) * 16u);" in cu
     assert "const uint32_t cluster = NINFER_V4_XQ_CLUSTER && i8 && swiglu && xq_out != nullptr && outs16 < 64 ? 64 / outs16 : 1;" in cc
     assert "t[0] * 254 + t[1]" in cu
     assert re.search(r"int64_t xq_bytes\(int64_t k\) \{ return k \* 8 \+ k / 256 \* 64; \}", cc)
