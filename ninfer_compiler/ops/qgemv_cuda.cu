@@ -899,7 +899,8 @@ constexpr uint32_t V4_XQ_GROUPS = 8192;  // outputs <= 524,288 (the launcher che
 __device__ uint32_t v4_xq_arrivals[V4_XQ_GROUPS];
 // Measurement switch: the I8 SwiGLU's handover inside thread block clusters (the launcher launches
 // the 2-4 blocks of each 64-group as one cluster): 1 = `v4_xq_out_cluster`; 2 = clusters launched,
-// the count-in handover kept (what the cluster launch alone costs)
+// the count-in handover kept (what the cluster launch alone costs). Off: both measured within the
+// spread of the count-in form in the 27B graph (docs/kernels/decode-gemv-v4.md, "twentieth pass")
 #ifndef NINFER_V4_XQ_CLUSTER
 #define NINFER_V4_XQ_CLUSTER 0
 #endif
