@@ -909,32 +909,23 @@ __device__ uint32_t v4_xq_arrivals[V4_XQ_GROUPS];
 // write it while the leader still streams
 constexpr uint32_t V4_XQC_BYTES = 4u * 64u * 2u;
 
-// The number of blocks in this block's cluster (1 when launched without clusters), and this block's rank in it.
-__device__ __forceinline__ uint32_t cluster_blocks() {
+// Special registers of sm_90 and later: the blocks of this block's cluster (1 when launched without
+// clusters), this block's rank in it, the launch's dynamic shared memory bytes (all 0 before sm_90).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t n;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-  return n;
+#define NINFER_SREG(fn, reg)                            \
+  __device__ __forceinline__ uint32_t fn() {            \
+    uint32_t v;                                         \
+    asm volatile("mov.u32 %0, %%" reg ";" : "=r"(v));   \
+    return v;                                           \
+  }
 #else
-  return 1u;
+#define NINFER_SREG(fn, reg) \
+  __device__ __forceinline__ uint32_t fn() { return 0u; }
 #endif
-}
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r = 0u;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-  return r;
-}
-
-__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
-  uint32_t n = 0u;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
-#endif
-  return n;
-}
+NINFER_SREG(cluster_blocks, "cluster_nctarank")
+NINFER_SREG(cluster_rank, "cluster_ctarank")
+NINFER_SREG(dynamic_smem_bytes, "dynamic_smem_size")
+#undef NINFER_SREG
 
 __device__ __forceinline__ void cluster_arrive() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
