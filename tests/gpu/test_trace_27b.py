@@ -59,3 +59,20 @@ def test_the_prefill_table_gives_the_span_as_tokens_per_second() -> None:
     assert "60.0%" in qgemm  # its advance against the span
     attn = next(line for line in text.splitlines() if line.startswith("attention_prefill "))
     assert attn.split()[-1] == "50.00"  # the idle microseconds before it
+
+
+def test_rounds_alternate_the_package_order() -> None:
+    order = trace_27b.round_order(["pkg", "pkg-var-a", "pkg-var-b"], 3)
+    assert order == [(0, "pkg"), (0, "pkg-var-a"), (0, "pkg-var-b"), (1, "pkg-var-b"), (1, "pkg-var-a"),
+                     (1, "pkg"), (2, "pkg"), (2, "pkg-var-a"), (2, "pkg-var-b")]
+    assert trace_27b.round_order(["pkg"], 1) == [(0, "pkg")]
+
+
+def test_the_rounds_table_gives_each_round_and_the_median() -> None:
+    text = trace_27b.rounds_table({"pkg": {"1": [7206.0, 7190.0, 7230.0], "8": [8678.0, 8690.0, 8700.0]},
+                                   "pkg-var-x": {"1": [7162.0, 7180.0, 7170.0], "8": [8761.0, 8700.0, 8690.0]}})
+    lines = text.splitlines()
+    assert lines[0].endswith("1 request(s); 8 request(s)")
+    assert lines[1].startswith("pkg ") and "7.206 7.190 7.230 (median 7.206)" in lines[1]
+    assert "8.678 8.690 8.700 (median 8.690)" in lines[1]
+    assert lines[2].startswith("pkg-var-x") and "7.162 7.180 7.170 (median 7.170)" in lines[2]

@@ -14,6 +14,9 @@ critical path, overlap included. `lead` is how early a kernel starts before its 
     # GPU machine (carry .cache/ninfer/perf-27b); NINFER_TRACE_PACKAGES: pkg and/or pkg-var-NAME
     python3 tests/gpu/trace_27b.py --out $OUT/trace [--concurrency 1,8] [--steps 5] [--prefill 7680]
 
+`--rounds N` traces the packages N times, the order reversed every other round, and prints each
+package's step time per round last: the package traced first on a machine has measured up to 1%
+off its own time in a later position, the size of the differences an A/B looks for.
 `--engine` also times the engine generating greedily and sampling (`bench_27b.engine_token_ms`)
 with the first package, untraced. `--prefill N` also traces the prefill of an N-token prompt (one chunk up to the package's prefill
 chunk, 8,192 tokens), all of its kernels as one timeline, median of 3 after a warm-up: the
@@ -234,7 +237,30 @@ def table(name: str, c: str, entry: dict) -> str:
     return "\n".join(lines)
 
 
-def inner(out: Path, concurrency: list[int], n_steps: int, prefill_len: int = 0, engine: bool = False) -> int:
+def round_order(names: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, package) in trace order: the packages forward, then backward, alternating, so that no
+    package is always traced first or last."""
+    return [(r, name) for r in range(rounds) for name in (names if r % 2 == 0 else names[::-1])]
+
+
+def rounds_table(spans: dict[str, dict[str, list[float]]]) -> str:
+    """Step ms per package and request count, one column per round (the median traced step of each
+    run) and their median: the A/B with each package's spread beside it."""
+    cs = sorted({c for per_c in spans.values() for c in per_c}, key=int)
+    lines = ["== decode step ms on the GPU per round (rounds alternate the package order): "
+             + "; ".join(f"{c} request(s)" for c in cs)]
+    width = max(len(n) for n in spans)
+    for name, per_c in spans.items():
+        cells = []
+        for c in cs:
+            ms = [v / 1e3 for v in per_c.get(c, [])]
+            cells.append(" ".join(f"{v:.3f}" for v in ms) + (f" (median {statistics.median(ms):.3f})" if ms else ""))
+        lines.append(f"{name:<{width}}  " + "  |  ".join(cells))
+    return "\n".join(lines)
+
+
+def inner(out: Path, concurrency: list[int], n_steps: int, prefill_len: int = 0, engine: bool = False,
+          rounds: int = 1) -> int:
     names = os.environ.get("NINFER_TRACE_PACKAGES", "pkg").split(",")
     artifact = bench_27b.artifact_path(Path("/tmp"), "groupwise-int")
     if not artifact.exists():
@@ -242,13 +268,20 @@ def inner(out: Path, concurrency: list[int], n_steps: int, prefill_len: int = 0,
         if job.wait() != 0:
             raise SystemExit("synthesis failed")
     print(f"device: {bench_27b.device_name()}", flush=True)
-    results = {}
-    for name in names:
-        pkg = bench_27b.STAGE / name
-        if not (pkg / "manifest.json").exists():
-            raise SystemExit(f"{pkg}: no package (run bench_27b.py prepare first)")
-        results[name] = trace_package(pkg, artifact, concurrency, n_steps, prefill_len, engine and name == names[0])
-        (out / "trace.json").write_text(json.dumps(results, indent=1))
+    for name in names:  # (before any tracing)
+        if not (bench_27b.STAGE / name / "manifest.json").exists():
+            raise SystemExit(f"{bench_27b.STAGE / name}: no package (run bench_27b.py prepare first)")
+    results: dict = {}
+    spans: dict[str, dict[str, list[float]]] = {name: {} for name in names}
+    for r, name in round_order(names, rounds):
+        first = r == 0
+        got = trace_package(bench_27b.STAGE / name, artifact, concurrency, n_steps, prefill_len if first else 0,
+                            engine and first and name == names[0])
+        if first:  # the kernel tables are the first round's
+            results[name] = got
+        for c in map(str, concurrency):
+            spans[name].setdefault(c, []).append(got[c]["median"]["span_us"])
+        (out / "trace.json").write_text(json.dumps({**results, "rounds": spans}, indent=1))
     for name, per_c in results.items():
         for c, entry in per_c.items():
             if c == "engine_ms_per_token":
@@ -256,6 +289,8 @@ def inner(out: Path, concurrency: list[int], n_steps: int, prefill_len: int = 0,
                       + ", ".join(f"{k} request(s) {v:.3f}" for k, v in entry.items()), flush=True)
             else:
                 print(table(name, c, entry), flush=True)
+    if rounds > 1:
+        print(rounds_table(spans), flush=True)
     return 0
 
 
@@ -267,10 +302,14 @@ def main() -> int:
     parser.add_argument("--prefill", type=int, default=0, metavar="N",
                         help="also trace the prefill of an N-token prompt (one chunk; 0: none)")
     parser.add_argument("--engine", action="store_true", help="also time the engine generating (greedy, sampled)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="trace the packages this many times, the order reversed every other round")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.prefill < 0:
         parser.error("--prefill must be 0 (none) or a prompt length")
     try:
@@ -279,7 +318,7 @@ def main() -> int:
         parser.error(f"--concurrency {args.concurrency!r}: comma-separated integers")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.inner:
-        return inner(args.out, concurrency, args.steps, args.prefill, args.engine)
+        return inner(args.out, concurrency, args.steps, args.prefill, args.engine, args.rounds)
     # the benchmark's environment (TVM's runtime staged next to the packages), this script inside it
     site = Path("/tmp/ninfer-trace-site")
     shutil.rmtree(site, ignore_errors=True)
@@ -292,7 +331,7 @@ def main() -> int:
            "PYTHONPATH": os.pathsep.join([str(site), str(bench_27b.STAGE / "site")])}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--inner", "--out", str(args.out),
            "--concurrency", args.concurrency, "--steps", str(args.steps), "--prefill", str(args.prefill),
-           *(["--engine"] if args.engine else [])]
+           "--rounds", str(args.rounds), *(["--engine"] if args.engine else [])]
     return subprocess.run(cmd, env=env, cwd="/tmp").returncode
 
 
