@@ -6,6 +6,7 @@
 #define NINFER_CUDA_LAUNCH_H
 
 #include <stdlib.h>
+#include <string.h>
 
 namespace ninfer_launch {
 
@@ -43,8 +44,7 @@ inline LaunchAttr cluster_dimension(unsigned x) {
   LaunchAttr attr{};
   attr.id = kAttrClusterDimension;
   const unsigned dims[3] = {x, 1u, 1u};
-  for (int i = 0; i < 3; ++i)
-    for (int b = 0; b < 4; ++b) attr.v.bytes[4 * i + b] = static_cast<char>((dims[i] >> (8 * b)) & 0xFFu);
+  memcpy(attr.v.bytes, dims, sizeof dims);
   return attr;
 }
 

@@ -288,13 +288,13 @@ bool mixed_merge_enabled() {
 // `cluster` > 1: the launch's blocks in clusters of that many (grid % cluster == 0).
 void launch(CUfunction fn, uint32_t grid, uint32_t threads, uint32_t smem, CUstream stream, void** args,
             uint32_t cluster = 1) {
-  LaunchAttr attrs[2] = {ninfer_launch::programmatic_serialization(), ninfer_launch::cluster_dimension(cluster)};
-  const bool pdl = pdl_enabled();
-  const uint32_t n = (pdl ? 1u : 0u) + (cluster > 1 ? 1u : 0u);
-  LaunchConfig cfg{grid, 1, 1, threads, 1, 1, smem, stream, n ? (pdl ? attrs : attrs + 1) : nullptr, n};
+  LaunchAttr attrs[2];
+  uint32_t n = 0;
+  if (pdl_enabled()) attrs[n++] = ninfer_launch::programmatic_serialization();
+  if (cluster > 1) attrs[n++] = ninfer_launch::cluster_dimension(cluster);
+  LaunchConfig cfg{grid, 1, 1, threads, 1, 1, smem, stream, n ? attrs : nullptr, n};
   const CUresult rc = driver().launch_ex(&cfg, fn, args, nullptr);
-  TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: launch failed with " << rc << (cluster > 1 ? " (clusters of " : "")
-                          << (cluster > 1 ? std::to_string(cluster) + " blocks)" : "");
+  TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: launch failed with " << rc << " (blocks in clusters of " << cluster << ")";
 }
 
 #ifndef NINFER_GEMV_DENSE_ONLY
