@@ -564,6 +564,14 @@ NINFER_QGEMV3(6, float, f32)
 #define NINFER_V4_MAXREG_I8 NINFER_V4_MAXREG
 #endif
 #define NINFER_V4_BOUNDS_I8 __maxnreg__(NINFER_V4_MAXREG_I8)
+// Where a warp issues the copies of stage i + STAGES - 1: 0 = after waiting for stage i (at most
+// STAGES - 1 stages in flight while it waits), 1 = before (STAGES in flight while it waits: the slot
+// it fills is stage i - 1's, already computed), 2 = as 1, with the whole ring (STAGES stages, not
+// STAGES - 1) copied before the PDL wait, i.e. while the previous launch still runs. The same
+// shared memory in every order.
+#ifndef NINFER_V4_ISSUE_AHEAD
+#define NINFER_V4_ISSUE_AHEAD 0
+#endif
 #ifndef NINFER_V4_CP_HINT  // e.g. ".L2::256B" (an L2 prefetch size for the 16-byte copies)
 #define NINFER_V4_CP_HINT ""
 #endif
@@ -591,6 +599,25 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// The wait before stage i in the issue-ahead order (NINFER_V4_ISSUE_AHEAD), after stage i + S - 1's
+// group is committed. Groups in commit order: the prologue's weights of stages 0 .. S - 2 (one
+// each), with staged activations (`xst`) one group for all of their activations, then one per loop
+// stage. Stage i has landed once at most the newest S - 1 groups are pending, unless the
+// activation group is among those: before stage S - 2 (it is then the (i + 2)-th newest), where
+// at most i + 1 may be (tests/compiler/ops/test_qgemv_v4.py replays this schedule).
+template <uint32_t S>
+__device__ __forceinline__ void v4_wait_ahead(bool xst, uint32_t i) {
+  if constexpr (S <= 2u) {
+    cp_async_wait<S - 1>();  // (S = 2: the activation group is the second newest from stage 0 on)
+  } else if (!xst || i >= S - 2u) {
+    cp_async_wait<S - 1>();
+  } else if (i == 0u) {
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();  // (S >= 4 only; also correct, waits longer)
+  }
 }
 
 // A lane's share of every stage copy (`v4_copy`): its source pointers at the warp's current unit
@@ -1112,9 +1139,12 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const bool active = row0 < n_rows;
   V4Lane lp = v4_lane<BITS>(base, high, scales, row0, groups, ubeg, lane);
+  // the loop's order (NINFER_V4_ISSUE_AHEAD; the self-quantizing entry keeps the first); the
+  // prologue copies STAGES - 1 stages before the PDL wait, or (order 2) the whole ring
+  constexpr uint32_t ORDER = XQS ? 0u : NINFER_V4_ISSUE_AHEAD, EXTRA = ORDER == 2u ? 1u : 0u;
   if (active) {
 #pragma unroll
-    for (uint32_t i = 0; i + 1u < STAGES; ++i) {
+    for (uint32_t i = 0; i + 1u < STAGES + EXTRA; ++i) {
       if (i < n_units) v4_copy<BITS>(ring_s + fill, lp);
       fill = next_slot(fill);
       cp_async_commit();
@@ -1157,7 +1187,7 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
       }
     } else if (xst) {
       uint32_t f = 0u;
-      for (uint32_t j = 0; j + 1u < STAGES; ++j) {
+      for (uint32_t j = 0; j + 1u < STAGES + EXTRA; ++j) {
         if (j < n_units) cp_async16(ring_s + f + STAGE + lane * 16u, xsrc);
         xsrc += 2048u;
         f = next_slot(f);
@@ -1166,22 +1196,41 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
     }
 #pragma unroll 1
     for (uint32_t i = 0; i < n_units; ++i) {
-      if (xst && !XQS && i == 0u)
-        cp_async_wait<0>();  // ... so the first stage waits for every prologue group
-      else
-        cp_async_wait<STAGES - 2>();  // this thread's copies of stage i have landed
-      __syncwarp();                 // ... and every lane's; also: stage i - 1 is no longer read
-      if (i + STAGES - 1u < n_units) {
-        v4_copy<BITS>(ring_s + fill, lp);
-        if (XQS)  // stage i + STAGES - 1's activations, loaded during stage i - 1; read after a __syncwarp
-          v4_xq_slot(xnext, ring + fill + STAGE, lane);
-        else if (xst)
-          cp_async16(ring_s + fill + STAGE + lane * 16u, xsrc);
+      if (ORDER == 2u) {  // wait for stage i; stage i + STAGES is issued after it is computed
+        if (xst && i + 1u < STAGES)
+          cp_async_wait<0>();  // the prologue's activation group is among the newest STAGES - 1
+        else
+          cp_async_wait<STAGES - 1>();  // this thread's copies of stage i have landed
+        __syncwarp();                   // ... and every lane's
+      } else if (ORDER == 1u) {  // issue stage i + STAGES - 1, then wait for stage i
+        __syncwarp();  // every lane is done with stage i - 1's slot, where stage i + STAGES - 1 goes
+        if (i + STAGES - 1u < n_units) {
+          v4_copy<BITS>(ring_s + fill, lp);
+          if (xst) cp_async16(ring_s + fill + STAGE + lane * 16u, xsrc);
+        }
+        xsrc += 2048u;
+        fill = next_slot(fill);
+        cp_async_commit();
+        v4_wait_ahead<STAGES>(xst, i);  // this thread's copies of stage i have landed
+        __syncwarp();                   // ... and every lane's
+      } else {  // wait for stage i, then issue stage i + STAGES - 1
+        if (xst && !XQS && (STAGES <= 3u ? i == 0u : i < STAGES - 2u))
+          cp_async_wait<0>();  // ... so the first stages wait for the prologue's activation group
+        else
+          cp_async_wait<STAGES - 2>();  // this thread's copies of stage i have landed
+        __syncwarp();                 // ... and every lane's; also: stage i - 1 is no longer read
+        if (i + STAGES - 1u < n_units) {
+          v4_copy<BITS>(ring_s + fill, lp);
+          if (XQS)  // stage i + STAGES - 1's activations, loaded during stage i - 1; read after a __syncwarp
+            v4_xq_slot(xnext, ring + fill + STAGE, lane);
+          else if (xst)
+            cp_async16(ring_s + fill + STAGE + lane * 16u, xsrc);
+        }
+        if (XQS && i + STAGES < n_units) xnext = ld_dep16(x8 + (i + STAGES) * 32u);
+        xsrc += 2048u;
+        fill = next_slot(fill);
+        cp_async_commit();
       }
-      if (XQS && i + STAGES < n_units) xnext = ld_dep16(x8 + (i + STAGES) * 32u);
-      xsrc += 2048u;
-      fill = next_slot(fill);
-      cp_async_commit();
       if (XQS)
         v4_stage_i8<BITS, true>(ring + use, nullptr, reinterpret_cast<const float*>(ring + use + STAGE + 512u), g, c,
                                 acc, ring + use + STAGE);
@@ -1190,6 +1239,15 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
                     g, c, acc, xst ? ring + use + STAGE : nullptr);
       else
         v4_stage<BITS, PDL>(ring + use, xs, g, c, acc);
+      if (ORDER == 2u) {
+        __syncwarp();  // every lane is done with stage i's slot: stage i + STAGES goes there
+        if (i + STAGES < n_units) {
+          v4_copy<BITS>(ring_s + use, lp);
+          if (xst) cp_async16(ring_s + use + STAGE + lane * 16u, xsrc);
+        }
+        xsrc += 2048u;
+        cp_async_commit();
+      }
       use = next_slot(use);
       xs += 256;
     }

@@ -162,6 +162,11 @@ def test_bench_variants_set_kernel_and_launcher_ring_depths(monkeypatch):
     assert "#define NINFER_V4_Q5_KS_FEW_ROWS 8" in qgemv.host_source("sm_90a")
     text = bench_27b.variant_hooks(["NINFER_V4_Q5_KS_FEW_ROWS=4"])[1]("sm_90a")
     assert "#define NINFER_V4_Q5_KS_FEW_ROWS 4" in text and "ks > NINFER_V4_Q5_KS_FEW_ROWS" in text
+    # ... and those of the q5 K split over K <= 8,192 (8 and 4 by default), for `run` and the multi launches
+    assert "#define NINFER_V4_Q5_KS_CAP 8\n#define NINFER_V4_Q5_KS_CAP_MULTI 4" in qgemv.host_source("sm_90a")
+    text = bench_27b.variant_hooks(["NINFER_V4_Q5_KS_CAP=4"])[1]("sm_90a")
+    assert "#define NINFER_V4_Q5_KS_CAP 4" in text and "#define NINFER_V4_Q5_KS_CAP_MULTI 4" in text
+    assert "uint32_t q5_cap = NINFER_V4_Q5_KS_CAP)" in text and text.count(", NINFER_V4_Q5_KS_CAP_MULTI)") == 2
     # the variant's fatbin keeps the package's own switches (a kernel feature's too) and adds its own
     seen = []
     monkeypatch.setattr("ninfer_compiler.codegen.toolchain.nvcc_fatbin",
@@ -456,3 +461,164 @@ def test_swiglu_cluster_handover_builds(arch, tmp_path):
         source = "#define NINFER_V4_XQ_CLUSTER 1\n" + qgemv.host_source("sm_90a")
         symbols = build_launcher(cuda_extern.host_source(source, []), tmp_path)
         assert re.search(r"\bT __tvm_ffi_ninfer_qgemv_swiglu_i8x\b", symbols)
+
+
+def kernel_wait(stages: int, staged_x: bool, i: int, order: int) -> int:
+    """The N of the kernel's `cp.async.wait_group N` before stage i in loop order `order`
+    (NINFER_V4_ISSUE_AHEAD): 0 waits first, 1 after committing stage i + stages - 1
+    (`v4_wait_ahead`), 2 waits first with the whole ring copied in the prologue."""
+    if order == 1:
+        if stages <= 2 or not staged_x or i >= stages - 2:
+            return stages - 1
+        return 1 if i == 0 else 0
+    if order == 2:
+        return 0 if staged_x and i + 1 < stages else stages - 1
+    if staged_x and (i == 0 if stages <= 3 else i < stages - 2):
+        return 0
+    return stages - 2
+
+
+def ring_schedule(stages: int, n_units: int, staged_x: bool, order: int, wait=kernel_wait) -> list[int]:  # noqa: ANN001
+    """Replays one warp's copy groups through `v4_body`'s loop (`cp.async.commit_group` /
+    `wait_group N`, the newest N groups taken as still pending) and returns, per stage, how many
+    stages were in flight at its wait. Asserts that every group holding a byte of stage i has
+    landed before stage i is computed, and that no slot is refilled before its stage is computed.
+    `wait`: the N of each wait (the kernel's by default)."""
+    groups: list[set[tuple[str, int]]] = []  # per committed group: ("w" | "x", stage) pieces
+    computed: set[int] = set()
+
+    def issue(stage: int) -> None:
+        g: set = set()
+        if stage < n_units:
+            assert stage < stages or stage - stages in computed, f"slot of stage {stage - stages} refilled early"
+            g |= {("w", stage)} | ({("x", stage)} if staged_x else set())
+        groups.append(g)
+
+    prologue = stages if order == 2 else stages - 1
+    for j in range(prologue):  # one weight group per stage, then (xst) one activation group
+        groups.append({("w", j)} if j < n_units else set())
+    if staged_x:
+        groups.append({("x", j) for j in range(min(prologue, n_units))})
+    in_flight = []
+    for i in range(n_units):
+        if order == 1:
+            issue(i + stages - 1)
+        pending = wait(stages, staged_x, i, order)
+        issued = {s for grp in groups for _, s in grp}
+        in_flight.append(len({s for s in issued if s >= i}))
+        landed = {p for grp in groups[: len(groups) - pending] for p in grp}
+        need = {("w", i)} | ({("x", i)} if staged_x else set())
+        assert need <= landed, f"stage {i} computed before {sorted(need - landed)} landed"
+        if order == 0:
+            issue(i + stages - 1)
+        computed.add(i)
+        if order == 2:
+            issue(i + stages)
+    return in_flight
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4, 5])
+@pytest.mark.parametrize("staged_x", [False, True])
+def test_ring_schedule_waits_for_every_stage(stages, staged_x):
+    """Every loop order computes each stage only after all of its copies have landed, for every
+    stage count a warp can have; issuing ahead (orders 1 and 2) keeps one stage more in flight while
+    a warp waits (two at the default depth of 2, where the wait-first order keeps one)."""
+    for n_units in range(1, 12):
+        first = ring_schedule(stages, n_units, staged_x, 0)
+        assert first[stages - 1:] == [min(stages - 1, n_units - i) for i in range(stages - 1, n_units)]
+        for order in (1, 2):
+            assert ring_schedule(stages, n_units, staged_x, order) == [min(stages, n_units - i) for i in range(n_units)]
+
+
+def test_ring_schedule_catches_an_early_wait():
+    """The replay fails a wait that lets a stage run before its staged activations: the wait-first
+    order at depth 4 waiting for everything at stage 0 only, as the kernel did before."""
+    def first_stage_only(stages: int, staged_x: bool, i: int, order: int) -> int:
+        return 0 if staged_x and i == 0 else stages - 2
+
+    assert ring_schedule(3, 6, True, 0, first_stage_only) == ring_schedule(3, 6, True, 0)
+    with pytest.raises(AssertionError, match="stage 1 computed before"):
+        ring_schedule(4, 6, True, 0, first_stage_only)
+
+
+def test_ring_schedule_matches_the_kernel():
+    """The waits and copies replayed above are the kernel's (its source, so that the two cannot drift)."""
+    src = qgemv.DEVICE_SOURCE.read_text()
+    wait = src[src.index("__device__ __forceinline__ void v4_wait_ahead"):]
+    wait = wait[: wait.index("\n}\n")]
+    assert re.search(r"if constexpr \(S <= 2u\) \{\s*cp_async_wait<S - 1>\(\);", wait)
+    assert re.search(r"\} else if \(!xst \|\| i >= S - 2u\) \{\s*cp_async_wait<S - 1>\(\);", wait)
+    assert re.search(r"\} else if \(i == 0u\) \{\s*cp_async_wait<1>\(\);\s*\} else \{\s*cp_async_wait<0>\(\);", wait)
+    body = src[src.index("constexpr uint32_t ORDER = XQS ? 0u : NINFER_V4_ISSUE_AHEAD, EXTRA = ORDER == 2u ? 1u : 0u;"):]
+    prologue = body[: body.index("pdl_enter();")]
+    assert "for (uint32_t i = 0; i + 1u < STAGES + EXTRA; ++i) {\n      if (i < n_units) v4_copy<BITS>" in prologue
+    assert "for (uint32_t j = 0; j + 1u < STAGES + EXTRA; ++j) {" in body[: body.index("#pragma unroll 1")]
+    loop = body[body.index("#pragma unroll 1"):]
+    loop = loop[: loop.index("    cp_async_wait<0>();\n  }")]
+    order2, rest = loop.split("} else if (ORDER == 1u) {", 1)
+    order1, order0 = rest.split("} else {", 1)
+    assert "if (xst && i + 1u < STAGES)\n          cp_async_wait<0>();" in order2
+    assert "else\n          cp_async_wait<STAGES - 1>();" in order2
+    assert order1.index("v4_copy<BITS>") < order1.index("cp_async_commit();") < order1.index("v4_wait_ahead<STAGES>(xst, i);")
+    assert "if (xst && !XQS && (STAGES <= 3u ? i == 0u : i < STAGES - 2u))\n          cp_async_wait<0>();" in order0
+    assert order0.index("cp_async_wait<STAGES - 2>();") < order0.index("v4_copy<BITS>")
+    tail = order0[order0.index("v4_stage<BITS, PDL>"):]  # order 2 refills stage i's slot after computing it
+    assert re.search(r"if \(ORDER == 2u\) \{\s*__syncwarp\(\);[^\n]*\n\s*if \(i \+ STAGES < n_units\) \{\s*"
+                     r"v4_copy<BITS>\(ring_s \+ use, lp\);", tail)
+
+
+def stage_loop_order(sass: str) -> dict[str, str]:
+    """Per function of a `cuobjdump -sass` listing: the order, in its innermost loop with an MMA
+    (the stage loop), of the first ring copy (LDGSTS), the first wait for copies (DEPBAR) and the
+    first MMA, e.g. "wait, copy, mma"."""
+    out = {}
+    parts = re.split(r"\n\s+Function : (\w+)\n", sass)
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        ins = [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", body)]
+        index = {off: i for i, (off, _) in enumerate(ins)}
+        best: list[str] | None = None
+        for i, (off, text) in enumerate(ins):
+            t = re.search(r"\bBRA(?:\.[\w.]+)?\s+(?:\w+,\s*)?(?:`\()?0x([0-9a-f]+)", text)
+            if t and int(t.group(1), 16) < off and int(t.group(1), 16) in index:
+                loop = [x for _, x in ins[index[int(t.group(1), 16)]: i + 1]]
+                if any(re.match(r"(@\S+ )?[IH]MMA", x) for x in loop) and (best is None or len(loop) < len(best)):
+                    best = loop
+        if best:
+            first = {what: next((k for k, x in enumerate(best) if re.match(rf"(@\S+ )?{op}", x)), len(best))
+                     for what, op in (("copy", "LDGSTS"), ("wait", "DEPBAR"), ("mma", "[IH]MMA"))}
+            out[name] = ", ".join(sorted(first, key=first.get))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_issue_ahead_builds(arch, tmp_path):
+    """NINFER_V4_ISSUE_AHEAD: every v4 stage loop of the default build waits, copies the next stage,
+    then computes; order 1 copies before it waits, order 2 after its MMAs (the self-quantizing entry
+    keeps the default order in both); none spills inside a loop (but one entry of order 2, below)."""
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    from ninfer_compiler.codegen.toolchain import nvcc_path
+
+    order = {}
+    for tag in (0, 1, 2):
+        cubin = tmp_path / f"order{tag}.cubin"
+        proc = subprocess.run(
+            [nvcc_path(), "-cubin", "-O3", "-std=c++17", "-DNINFER_GEMV_SKIP_V2", "-DNINFER_PDL_EARLY=1",
+             f"-DNINFER_V4_ISSUE_AHEAD={tag}", "-Xptxas", "-v",
+             f"-gencode=arch={arch.replace('sm_', 'compute_')},code={arch}", str(qgemv.DEVICE_SOURCE), "-o", str(cubin)],
+            capture_output=True, text=True,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        spills = dict(re.findall(r"Function properties for (\w+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores",
+                                 proc.stderr))
+        assert {n: int(s) for n, s in spills.items() if n.startswith("ninfer_qgemv4") and int(s) > 32} == {}
+        sass = subprocess.run([str(_cuobjdump()), "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+        local = loop_local_accesses(sass)
+        spilling = {n for n, ops in local.items() if any(op.startswith("STL") for op in ops) or len(ops) > 2}
+        # (order 2 on sm_120a: the bf16 q5 SwiGLU, which no groupwise-int model runs, stores in its loop)
+        assert spilling == ({"ninfer_qgemv4e_q5_swiglu"} if (tag, arch) == (2, "sm_120a") else set())
+        order[tag] = {n: o for n, o in stage_loop_order(sass).items() if n.startswith("ninfer_qgemv4")}
+    assert len(order[0]) >= 20 and set(order[0].values()) == {"wait, copy, mma"}
+    kept = {"ninfer_qgemv4e_q5_add_i8s": "wait, copy, mma"}
+    assert order[1] == {n: "copy, wait, mma" for n in order[0]} | kept
+    assert order[2] == {n: "wait, mma, copy" for n in order[0]} | kept
