@@ -132,6 +132,10 @@ inline const Kernel& kernel(const char* name) {
       TVM_FFI_ICHECK(rc == 0) << "ninfer_cuda: " << name << " needs " << img.shared
                               << " bytes of shared memory, which the device refuses (" << rc << ")";
     }
+    if (ninfer_launch::smem_carveout() >= 0) {
+      rc = d.func_set_attribute(fn, ninfer_launch::kFuncPreferredSharedCarveout, ninfer_launch::smem_carveout());
+      TVM_FFI_ICHECK(rc == 0) << "ninfer_cuda: setting the shared memory carveout of " << name << " failed with " << rc;
+    }
     slot->k[index] = Kernel{fn, img.shared, img.threads};
     slot->loaded[index] = true;
   }

@@ -59,6 +59,23 @@ inline bool pdl_enabled() {
   return on;
 }
 
+constexpr int kFuncPreferredSharedCarveout = 9;  // CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+
+// A measurement knob: NINFER_SMEM_CARVEOUT=P (0..100) asks the driver for P% of each SM's unified
+// L1 / shared memory as shared memory on every kernel these launchers load (read once; unset or
+// out of range: the driver's own choice per kernel). With one carveout for all, no SM has to
+// change its configuration between kernels of the decode chain.
+inline int smem_carveout() {
+  static const int value = [] {
+    const char* v = getenv("NINFER_SMEM_CARVEOUT");
+    if (v == nullptr || v[0] == 0) return -1;
+    char* end = nullptr;
+    const long p = strtol(v, &end, 10);
+    return *end == 0 && p >= 0 && p <= 100 ? static_cast<int>(p) : -1;
+  }();
+  return value;
+}
+
 }  // namespace ninfer_launch
 
 #endif  // NINFER_CUDA_LAUNCH_H
