@@ -76,3 +76,21 @@ def test_the_rounds_table_gives_each_round_and_the_median() -> None:
     assert lines[1].startswith("pkg ") and "7.206 7.190 7.230 (median 7.206)" in lines[1]
     assert "8.678 8.690 8.700 (median 8.690)" in lines[1]
     assert lines[2].startswith("pkg-var-x") and "7.162 7.180 7.170 (median 7.170)" in lines[2]
+
+
+def test_the_timeline_lists_each_launch_with_the_advances_of_the_kind_table() -> None:
+    step = [
+        _k("ninfer_rms_norm_wbf16", 108.0, 4.0),
+        _k("ninfer_qgemv4e_q5_add", 100.0, 10.0, [320, 1, 1]),
+        _k("ninfer_qgemv4e_q5_add", 111.0, 10.0, [320, 1, 1]),
+    ]
+    rows = trace_27b.timeline(step)
+    assert [r["kind"] for r in rows] == ["ninfer_qgemv4e_q5_add [320]", "ninfer_rms_norm_wbf16",
+                                         "ninfer_qgemv4e_q5_add [320]"]
+    assert [r["start_us"] for r in rows] == [0.0, 8.0, 11.0] and rows[0]["grid"] == "320x1x1"
+    assert [r["advance_us"] for r in rows] == [10.0, 2.0, 9.0] and [r["lead_us"] for r in rows] == [0.0, 2.0, 1.0]
+    kinds = trace_27b.analyse(step)["kinds"]
+    assert sum(r["advance_us"] for r in rows if r["kind"].startswith("ninfer_qgemv")) == pytest.approx(
+        kinds["ninfer_qgemv4e_q5_add [320]"]["advance"])
+    csv = trace_27b.timeline_csv(rows).splitlines()
+    assert csv[0] == "kind,grid,start_us,dur_us,advance_us,lead_us" and csv[2] == "ninfer_rms_norm_wbf16,,8.0,4.0,2.0,2.0"

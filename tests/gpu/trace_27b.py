@@ -17,6 +17,9 @@ critical path, overlap included. `lead` is how early a kernel starts before its 
 `--rounds N` traces the packages N times, the order reversed every other round, and prints each
 package's step time per round last: the package traced first on a machine has measured up to 1%
 off its own time in a later position, the size of the differences an A/B looks for.
+Each package's median step is also written kernel by kernel (`timeline-PKG-C.csv` beside
+trace.json: kind, grid, start, duration, advance, lead), the view in which one projection's launches
+can be told apart by their place in a layer.
 `--engine` also times the engine generating greedily and sampling (`bench_27b.engine_token_ms`)
 with the first package, untraced. `--prefill N` also traces the prefill of an N-token prompt (one chunk up to the package's prefill
 chunk, 8,192 tokens), all of its kernels as one timeline, median of 3 after a warm-up: the
@@ -83,6 +86,28 @@ def analyse(step: list[dict]) -> dict:
         row["gap"] += gap
     span = latest - min(k["ts"] for k in step)
     return {"span_us": span, "kinds": out}
+
+
+def timeline(step: list[dict]) -> list[dict]:
+    """One step's kernels in start order: kind, grid, start (us from the step's first kernel),
+    duration, advance and lead, as `analyse` charges them (the per-launch view of a step)."""
+    rows = []
+    latest = None
+    t0 = min(k["ts"] for k in step)
+    for k in sorted(step, key=lambda k: k["ts"]):
+        end = k["ts"] + k["dur"]
+        grid = k.get("args", {}).get("grid")
+        rows.append({"kind": kind(k["name"], grid), "grid": "x".join(map(str, grid or [])),
+                     "start_us": round(k["ts"] - t0, 2), "dur_us": round(k["dur"], 2),
+                     "advance_us": round(k["dur"] if latest is None else max(0.0, end - latest), 2),
+                     "lead_us": round(0.0 if latest is None else max(0.0, latest - k["ts"]), 2)})
+        latest = end if latest is None else max(latest, end)
+    return rows
+
+
+def timeline_csv(rows: list[dict]) -> str:
+    fields = ["kind", "grid", "start_us", "dur_us", "advance_us", "lead_us"]
+    return "\n".join([",".join(fields), *(",".join(str(r[f]) for f in fields) for r in rows)]) + "\n"
 
 
 def host_phases(runner, step_fn, seqs, tokens, steps: int = 30) -> dict:  # noqa: ANN001
@@ -200,9 +225,9 @@ def trace_package(pkg: Path, artifact: Path, concurrency: list[int], n_steps: in
             raise SystemExit(f"{pkg.name}: no decode step in the trace ({len(kernels)} kernel records); "
                              "does CUPTI see the graph's kernels?")
         per = [analyse(s) for s in steps]
-        best = sorted(per, key=lambda p: p["span_us"])[len(per) // 2]  # the median step
-        result[str(c)] = {"spans_us": [p["span_us"] for p in per], "median": best,
-                          "kernels_per_step": len(steps[0]), "host": host}
+        middle = sorted(range(len(per)), key=lambda i: per[i]["span_us"])[len(per) // 2]  # the median step
+        result[str(c)] = {"spans_us": [p["span_us"] for p in per], "median": per[middle],
+                          "kernels_per_step": len(steps[0]), "host": host, "timeline": timeline(steps[middle])}
     if prefill_len:
         result["prefill"] = trace_prefill(runner, rng, vocab, prefill_len)
     if engine:
@@ -277,7 +302,9 @@ def inner(out: Path, concurrency: list[int], n_steps: int, prefill_len: int = 0,
         first = r == 0
         got = trace_package(bench_27b.STAGE / name, artifact, concurrency, n_steps, prefill_len if first else 0,
                             engine and first and name == names[0])
-        if first:  # the kernel tables are the first round's
+        if first:  # the kernel tables are the first round's, the median step's timeline a file of its own
+            for c in map(str, concurrency):
+                (out / f"timeline-{name}-{c}.csv").write_text(timeline_csv(got[c].pop("timeline")))
             results[name] = got
         for c in map(str, concurrency):
             spans[name].setdefault(c, []).append(got[c]["median"]["span_us"])
