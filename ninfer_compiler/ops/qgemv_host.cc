@@ -84,6 +84,14 @@ constexpr uint32_t kV4MaxWarps = 8;
 // Per launch the down projection ran 6% faster at ks 4 than at 8 with 1-2 rows, slower with 4-8
 // (docs/kernels/decode-gemv-v4.md, "twelfth pass").
 #define NINFER_V4_Q5_KS_FEW_ROWS 8
+// The largest K split of a q5 v4 launch over K <= 8,192 (`choose_ks_v4`): plain, residual add and
+// SwiGLU launches (`run`; 8: no cap of their own), and the q5 part of the multi launches (4). Per
+// launch on the H200, v4.1 found 4 faster with a ring of 3 stages; in the 27B decode graph (2-stage
+// ring, PDL) the GDN output projection, launched while the GDN step holds 48 SMs, took 12.6 us at
+// ks 4 (4-warp blocks, six fit an SM) and 9.3 us at ks 8 on an H100, the multi launches were
+// slower at 8 (docs/kernels/decode-gemv-v4.md, "twenty-first pass"). Measurement knobs.
+#define NINFER_V4_Q5_KS_CAP 8
+#define NINFER_V4_Q5_KS_CAP_MULTI 4
 // Whether a q5 residual add at one activation row without int8 activations from its producer runs
 // the int8 stages on activations each warp quantizes itself (`ninfer_qgemv4e_q5_add_i8s`; 0: the
 // bf16 entry). NINFER_GEMV_INT8=0 at run time turns it off too. Off: measured slower on the H200
@@ -238,6 +246,10 @@ CUfunction lookup(int index) {
       TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: cuFuncSetAttribute failed with " << rc;
     }
 #endif
+    if (ninfer_launch::smem_carveout() >= 0) {
+      rc = d.func_set_attribute(fn, ninfer_launch::kFuncPreferredSharedCarveout, ninfer_launch::smem_carveout());
+      TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: setting the shared memory carveout of " << name << " failed with " << rc;
+    }
     entry.fn[i] = fn;
   }
   ++g_count;
@@ -317,11 +329,10 @@ uint32_t choose_ks_v3(uint32_t n_rows, uint32_t k) {
 // v4: K-split warps per 16-row tile (1, 2, 4 or 8) for >= 8,192 warps per launch (several waves:
 // short warps that finish at different times balance the SMs), each warp keeping >= 1 stage of 256
 // lanes. Measured on the H200 (docs/kernels/decode-gemv-v4.md): ks = 8 was best or within 3% for
-// every 27B projection except the head (15,520 tiles: ks = 1); with the 3-stage q5 ring, the q5
-// projections of K <= 8,192 (6144x5120, 5120x6144) are 7-17% faster at ks = 4.
-uint32_t choose_ks_v4(int bits, uint32_t n_rows, uint32_t k) {
+// every 27B projection except the head (15,520 tiles: ks = 1). q5 over K <= 8,192: at most `q5_cap`.
+uint32_t choose_ks_v4(int bits, uint32_t n_rows, uint32_t k, uint32_t q5_cap = NINFER_V4_Q5_KS_CAP) {
   const uint32_t tiles = n_rows / 16, units = k / 256;
-  const uint32_t cap = bits == 5 && k <= 8192 ? 4 : kV4MaxWarps;
+  const uint32_t cap = bits == 5 && k <= 8192 ? q5_cap : kV4MaxWarps;
   uint32_t ks = 1;
   while (ks < cap && tiles * ks < 8192 && units >= 2 * ks) ks *= 2;
   return ks;
@@ -506,7 +517,7 @@ void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* 
                const int64_t* stride, uint32_t nseg, CUstream stream) {
   V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 0.f, 0u};
   const uint32_t tiles = multi_segments(e, w, stride, nseg);
-  const uint32_t ks = choose_ks_v4(bits, tiles * 16u, static_cast<uint32_t>(k));
+  const uint32_t ks = choose_ks_v4(bits, tiles * 16u, static_cast<uint32_t>(k), NINFER_V4_Q5_KS_CAP_MULTI);
   const uint32_t warps = ks > 4 ? ks : 4, grid = (tiles + warps / ks - 1) / (warps / ks);
   launch_multi(lookup(v4_index(bits, V4_MULTI)), e, xp, rows, k, w, y, stride, nseg, tiles, ks, grid, warps,
                v4_smem(bits, warps), stream);
@@ -523,7 +534,7 @@ bool run_multi45(const char* xp, int64_t rows, int64_t k, const Planes* w, char*
   V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 0.f, 0u};
   const uint32_t tiles = multi_segments(e, w, stride, nseg), tiles4 = e.seg_end[n4 - 1], tiles5 = tiles - tiles4;
   const uint32_t k32 = static_cast<uint32_t>(k);
-  const uint32_t ks4 = choose_ks_v4(4, tiles4 * 16u, k32), ks5 = choose_ks_v4(5, tiles5 * 16u, k32);
+  const uint32_t ks4 = choose_ks_v4(4, tiles4 * 16u, k32), ks5 = choose_ks_v4(5, tiles5 * 16u, k32, NINFER_V4_Q5_KS_CAP_MULTI);
   const uint32_t warps = std::max({4u, ks4, ks5});
   if (tiles4 % (warps / ks4) != 0) return false;
   const uint32_t blocks4 = tiles4 / (warps / ks4), blocks5 = (tiles5 + warps / ks5 - 1) / (warps / ks5);

@@ -221,8 +221,9 @@ def _v4_geometry(n: int, k: int, ks: int) -> tuple[int, int]:  # qgemv_host.cc: 
     return -(-(n // 16) // (warps // ks)), warps
 
 
-def _ks_v4(n: int, k: int, bits: int = 4) -> int:  # qgemv_host.cc choose_ks_v4
-    cap = 4 if bits == 5 and k <= 8192 else 8
+def _ks_v4(n: int, k: int, bits: int = 4, q5_cap: int = 8) -> int:  # qgemv_host.cc choose_ks_v4
+    """`q5_cap`: NINFER_V4_Q5_KS_CAP (8, `run`'s launches) or NINFER_V4_Q5_KS_CAP_MULTI (4, multi)."""
+    cap = q5_cap if bits == 5 and k <= 8192 else 8
     ks = 1
     while ks < cap and (n // 16) * ks < 8192 and k // 256 >= 2 * ks:
         ks *= 2

@@ -519,7 +519,7 @@ def _mixed_case(cp, mod, say, rng, reps: int, name: str, segs: list) -> tuple[bo
     tiles = [n // 16 for _, n in segs]
     n4 = sum(1 for b, _ in segs if b == 4)
     t4, t5 = sum(tiles[:n4]), sum(tiles[n4:])
-    ks4, ks5 = _ks_v4(t4 * 16, k, 4), _ks_v4(t5 * 16, k, 5)
+    ks4, ks5 = _ks_v4(t4 * 16, k, 4), _ks_v4(t5 * 16, k, 5, q5_cap=4)
     warps = max(4, ks4, ks5)
     assert t4 % (warps // ks4) == 0
     blocks4, blocks5 = t4 // (warps // ks4), -(-t5 // (warps // ks5))
@@ -547,7 +547,7 @@ def _mixed_case(cp, mod, say, rng, reps: int, name: str, segs: list) -> tuple[bo
     def split(ws, x, ys, b):
         for bits, part in ((4, list(range(n4))), (5, list(range(n4, len(segs))))):
             t = sum(tiles[i] for i in part)
-            ks = _ks_v4(t * 16, k, bits)
+            ks = _ks_v4(t * 16, k, bits, q5_cap=4)
             w = max(4, ks)
             f = mod.get_function(f"ninfer_qgemv4e_q{bits}_multi")
             f.max_dynamic_shared_size_bytes = w * STAGES[bits] * _v4_stage_bytes(bits)
