@@ -610,7 +610,7 @@ __device__ __forceinline__ void cp_async_wait() {
 template <uint32_t S>
 __device__ __forceinline__ void v4_wait_ahead(bool xst, uint32_t i) {
   if constexpr (S <= 2u) {
-    cp_async_wait<S - 1>();  // (S = 2: the activation group is the second newest from stage 0 on)
+    cp_async_wait<S - 1>();  // (S = 2: at most stage i + 1's group, the newest, is left pending)
   } else if (!xst || i >= S - 2u) {
     cp_async_wait<S - 1>();
   } else if (i == 0u) {

@@ -84,8 +84,9 @@ constexpr uint32_t kV4MaxWarps = 8;
 // Per launch the down projection ran 6% faster at ks 4 than at 8 with 1-2 rows, slower with 4-8
 // (docs/kernels/decode-gemv-v4.md, "twelfth pass").
 #define NINFER_V4_Q5_KS_FEW_ROWS 8
-// The largest K split of a q5 v4 launch over K <= 8,192 (`choose_ks_v4`): plain, residual add and
-// SwiGLU launches (`run`; 8: no cap of their own), and the q5 part of the multi launches (4). Per
+// The largest K split of a q5 v4 launch over K <= 8,192 (`choose_ks_v4`): plain and residual-add
+// launches (`run`; 8: no cap of their own; a SwiGLU keeps its cap of 4), and the q5 part of the
+// multi launches (4). Per
 // launch on the H200, v4.1 found 4 faster with a ring of 3 stages; in the 27B decode graph (2-stage
 // ring, PDL) the GDN output projection, launched while the GDN step holds 48 SMs, took 12.6 us at
 // ks 4 (4-warp blocks, six fit an SM) and 9.3 us at ks 8 on an H100, the multi launches were
