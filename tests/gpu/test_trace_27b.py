@@ -94,3 +94,26 @@ def test_the_timeline_lists_each_launch_with_the_advances_of_the_kind_table() ->
         kinds["ninfer_qgemv4e_q5_add [320]"]["advance"])
     csv = trace_27b.timeline_csv(rows).splitlines()
     assert csv[0] == "kind,grid,start_us,dur_us,advance_us,lead_us" and csv[2] == "ninfer_rms_norm_wbf16,,8.0,4.0,2.0,2.0"
+
+
+def test_projections_are_told_apart_by_the_kernel_before_them() -> None:
+    rows = trace_27b.timeline([
+        _k("gdn_decode_kernel", 0.0, 5.0),
+        _k("ninfer_qgemv4e_q5_add_i8", 1.0, 16.0, [320, 1, 1]),   # advance 12
+        _k("_combine_kernel", 20.0, 3.0),
+        _k("ninfer_qgemv4e_q5_add_i8", 21.0, 11.0, [320, 1, 1]),  # advance 9
+        _k("gdn_decode_kernel", 40.0, 5.0),
+        _k("ninfer_qgemv4e_q5_add_i8", 41.0, 13.0, [320, 1, 1]),  # advance 9
+    ])
+    out = trace_27b.by_predecessor(rows)
+    assert out.keys() == {"ninfer_qgemv4e_q5_add_i8 [320] after gdn_decode",
+                          "ninfer_qgemv4e_q5_add_i8 [320] after _combine"}
+    gdn = out["ninfer_qgemv4e_q5_add_i8 [320] after gdn_decode"]
+    assert gdn["n"] == 2 and gdn["advance"] == pytest.approx(12.0 + 9.0) and gdn["dur"] == pytest.approx(29.0)
+    assert out["ninfer_qgemv4e_q5_add_i8 [320] after _combine"]["advance"] == pytest.approx(9.0)
+    entry = {"median": {"span_us": 54.0, "kinds": {}}, "spans_us": [54.0],
+             "kernels_per_step": 6, "host": {"wall_us": 60.0, "queued_us": 5.0, "write_us": 1.0, "call_us": 2.0},
+             "projections": out}
+    text = trace_27b.table("pkg", "1", entry)
+    assert "after the kernel launched before it" in text
+    assert text.splitlines()[-2].startswith("ninfer_qgemv4e_q5_add_i8 [320] after gdn_decode")

@@ -19,7 +19,8 @@ package's step time per round last: the package traced first on a machine has me
 off its own time in a later position, the size of the differences an A/B looks for.
 Each package's median step is also written kernel by kernel (`timeline-PKG-C.csv` beside
 trace.json: kind, grid, start, duration, advance, lead), the view in which one projection's launches
-can be told apart by their place in a layer.
+can be told apart by their place in a layer; the tables add the decode GEMVs by the kernel launched
+before each.
 `--engine` also times the engine generating greedily and sampling (`bench_27b.engine_token_ms`)
 with the first package, untraced. `--prefill N` also traces the prefill of an N-token prompt (one chunk up to the package's prefill
 chunk, 8,192 tokens), all of its kernels as one timeline, median of 3 after a warm-up: the
@@ -103,6 +104,20 @@ def timeline(step: list[dict]) -> list[dict]:
                      "lead_us": round(0.0 if latest is None else max(0.0, latest - k["ts"]), 2)})
         latest = end if latest is None else max(latest, end)
     return rows
+
+
+def by_predecessor(rows: list[dict]) -> dict:
+    """The decode GEMVs of a timeline by the kernel launched before each: one projection shape can
+    follow different kernels (the q5 output projections follow the GDN step or the attention
+    combine), and what runs before a PDL launch decides where its blocks can start."""
+    out: dict = {}
+    for prev, row in zip(rows, rows[1:], strict=False):
+        if row["kind"].startswith("ninfer_qgemv"):
+            entry = out.setdefault(f"{row['kind']} after {prev['kind']}", {"n": 0, "advance": 0.0, "dur": 0.0})
+            entry["n"] += 1
+            entry["advance"] += row["advance_us"]
+            entry["dur"] += row["dur_us"]
+    return out
 
 
 def timeline_csv(rows: list[dict]) -> str:
@@ -228,6 +243,7 @@ def trace_package(pkg: Path, artifact: Path, concurrency: list[int], n_steps: in
         middle = sorted(range(len(per)), key=lambda i: per[i]["span_us"])[len(per) // 2]  # the median step
         result[str(c)] = {"spans_us": [p["span_us"] for p in per], "median": per[middle],
                           "kernels_per_step": len(steps[0]), "host": host, "timeline": timeline(steps[middle])}
+        result[str(c)]["projections"] = by_predecessor(result[str(c)]["timeline"])
     if prefill_len:
         result["prefill"] = trace_prefill(runner, rng, vocab, prefill_len)
     if engine:
@@ -259,6 +275,11 @@ def table(name: str, c: str, entry: dict) -> str:
     for k, r in rows:
         lines.append(f"{k:<60} {r['n']:>4} {r['dur']:>9.1f} {r['dur'] / r['n']:>9.2f} {r['advance']:>10.1f} "
                      f"{r['advance'] / med['span_us']:>6.1%} {r['lead'] / r['n']:>8.2f} {r['gap'] / r['n']:>8.2f}")
+    if entry.get("projections"):
+        lines.append(f"{'decode GEMV, after the kernel launched before it':<86} {'n':>4} {'advance/launch':>14} "
+                     f"{'dur/launch':>10}")
+        for k, r in sorted(entry["projections"].items(), key=lambda kv: -kv[1]["advance"]):
+            lines.append(f"{k:<86} {r['n']:>4} {r['advance'] / r['n']:>14.2f} {r['dur'] / r['n']:>10.2f}")
     return "\n".join(lines)
 
 
