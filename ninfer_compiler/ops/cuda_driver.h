@@ -132,10 +132,10 @@ inline const Kernel& kernel(const char* name) {
       TVM_FFI_ICHECK(rc == 0) << "ninfer_cuda: " << name << " needs " << img.shared
                               << " bytes of shared memory, which the device refuses (" << rc << ")";
     }
-    if (ninfer_launch::smem_carveout() >= 0) {
-      rc = d.func_set_attribute(fn, ninfer_launch::kFuncPreferredSharedCarveout, ninfer_launch::smem_carveout());
-      TVM_FFI_ICHECK(rc == 0) << "ninfer_cuda: setting the shared memory carveout of " << name << " failed with " << rc;
-    }
+    const int carveout = ninfer_launch::apply_smem_carveout(d, fn);
+    TVM_FFI_ICHECK(carveout != ninfer_launch::kCarveoutInvalid)
+        << "ninfer_cuda: NINFER_SMEM_CARVEOUT must be a percentage 0..100, not " << getenv("NINFER_SMEM_CARVEOUT");
+    TVM_FFI_ICHECK(carveout == 0) << "ninfer_cuda: setting the shared memory carveout of " << name << " failed with " << carveout;
     slot->k[index] = Kernel{fn, img.shared, img.threads};
     slot->loaded[index] = true;
   }

@@ -60,20 +60,31 @@ inline bool pdl_enabled() {
 }
 
 constexpr int kFuncPreferredSharedCarveout = 9;  // CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+constexpr int kCarveoutUnset = -1, kCarveoutInvalid = -2;
 
 // A measurement knob: NINFER_SMEM_CARVEOUT=P (0..100) asks the driver for P% of each SM's unified
-// L1 / shared memory as shared memory on every kernel these launchers load (read once; unset or
-// out of range: the driver's own choice per kernel). With one carveout for all, no SM has to
-// change its configuration between kernels of the decode chain.
+// L1 / shared memory as shared memory on every kernel these launchers load (read once). Unset:
+// kCarveoutUnset (the driver's own choice per kernel); anything but 0..100: kCarveoutInvalid.
+// With one carveout for all, no SM has to change its configuration between kernels of the chain.
 inline int smem_carveout() {
   static const int value = [] {
     const char* v = getenv("NINFER_SMEM_CARVEOUT");
-    if (v == nullptr || v[0] == 0) return -1;
+    if (v == nullptr || v[0] == 0) return kCarveoutUnset;
     char* end = nullptr;
     const long p = strtol(v, &end, 10);
-    return *end == 0 && p >= 0 && p <= 100 ? static_cast<int>(p) : -1;
+    return *end == 0 && p >= 0 && p <= 100 ? static_cast<int>(p) : kCarveoutInvalid;
   }();
   return value;
+}
+
+// Applies smem_carveout() to `fn` through the launcher's driver table (`func_set_attribute`):
+// 0 when done or unset, kCarveoutInvalid for a bad value, else the driver's error.
+template <class Driver, class Function>
+inline int apply_smem_carveout(const Driver& d, Function fn) {
+  const int p = smem_carveout();
+  if (p == kCarveoutInvalid) return p;
+  if (p == kCarveoutUnset) return 0;
+  return static_cast<int>(d.func_set_attribute(fn, kFuncPreferredSharedCarveout, p));
 }
 
 }  // namespace ninfer_launch

@@ -247,10 +247,10 @@ CUfunction lookup(int index) {
       TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: cuFuncSetAttribute failed with " << rc;
     }
 #endif
-    if (ninfer_launch::smem_carveout() >= 0) {
-      rc = d.func_set_attribute(fn, ninfer_launch::kFuncPreferredSharedCarveout, ninfer_launch::smem_carveout());
-      TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: setting the shared memory carveout of " << name << " failed with " << rc;
-    }
+    const int carveout = ninfer_launch::apply_smem_carveout(d, fn);
+    TVM_FFI_ICHECK(carveout != ninfer_launch::kCarveoutInvalid)
+        << "ninfer_gemv: NINFER_SMEM_CARVEOUT must be a percentage 0..100, not " << getenv("NINFER_SMEM_CARVEOUT");
+    TVM_FFI_ICHECK(carveout == 0) << "ninfer_gemv: setting the shared memory carveout of " << name << " failed with " << carveout;
     entry.fn[i] = fn;
   }
   ++g_count;

@@ -143,3 +143,39 @@ def test_interpreter_runs_the_kernel(monkeypatch):
     kernel = interpreted(_scale_kernel)
     kernel[(3,)](x, y, 300, 2.5, BLOCK=128)
     np.testing.assert_array_equal(y.numpy(), x.float().numpy() * np.float32(2.5))
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, "0 none"), ("", "0 none"), ("100", "0 100"), ("0", "0 0"),
+                                                  ("101", "-2 none"), ("-5", "-2 none"), ("50%", "-2 none")])
+def test_smem_carveout_knob(tmp_path, value, expected):
+    """NINFER_SMEM_CARVEOUT (cuda_launch.h, both launchers): unset leaves every kernel to the driver,
+    a percentage is set on each kernel loaded, anything else is refused (the launchers turn that into
+    an error naming the variable) without touching the kernel."""
+    import os
+    import subprocess
+
+    from ninfer_compiler.ops import cuda_extern
+
+    require_tool("g++", "the host C++ compiler builds the launchers")
+    program = tmp_path / "carveout.cc"
+    program.write_text(
+        cuda_extern.LAUNCH_HEADER.read_text() + """
+#include <cstdio>
+struct FakeDriver {
+  mutable int attr = -1, value = -1;
+  int func_set_attribute(void*, int a, int v) const { attr = a; value = v; return 0; }
+};
+int main() {
+  FakeDriver d;
+  const int rc = ninfer_launch::apply_smem_carveout(d, nullptr);
+  if (d.attr >= 0 && d.attr != ninfer_launch::kFuncPreferredSharedCarveout) return 3;
+  if (d.value >= 0) std::printf("%d %d\\n", rc, d.value); else std::printf("%d none\\n", rc);
+  return 0;
+}
+""")
+    subprocess.run(["g++", "-std=c++17", "-Wall", "-Werror", str(program), "-o", str(tmp_path / "carveout")], check=True)
+    env = {k: v for k, v in os.environ.items() if k != "NINFER_SMEM_CARVEOUT"}
+    if value is not None:
+        env["NINFER_SMEM_CARVEOUT"] = value
+    out = subprocess.run([str(tmp_path / "carveout")], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == expected
