@@ -93,7 +93,8 @@ def test_the_timeline_lists_each_launch_with_the_advances_of_the_kind_table() ->
     assert sum(r["advance_us"] for r in rows if r["kind"].startswith("ninfer_qgemv")) == pytest.approx(
         kinds["ninfer_qgemv4e_q5_add [320]"]["advance"])
     csv = trace_27b.timeline_csv(rows).splitlines()
-    assert csv[0] == "kind,grid,start_us,dur_us,advance_us,lead_us" and csv[2] == "ninfer_rms_norm_wbf16,,8.0,4.0,2.0,2.0"
+    assert csv[0] == "kind,grid,start_us,dur_us,advance_us,lead_us,gap_us"
+    assert csv[2] == "ninfer_rms_norm_wbf16,,8.00,4.00,2.00,2.00,0.00"
 
 
 def test_projections_are_told_apart_by_the_kernel_before_them() -> None:

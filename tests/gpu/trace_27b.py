@@ -18,7 +18,7 @@ critical path, overlap included. `lead` is how early a kernel starts before its 
 package's step time per round last: the package traced first on a machine has measured up to 1%
 off its own time in a later position, the size of the differences an A/B looks for.
 Each package's median step is also written kernel by kernel (`timeline-PKG-C.csv` beside
-trace.json: kind, grid, start, duration, advance, lead), the view in which one projection's launches
+trace.json: kind, grid, start, duration, advance, lead, gap), the view in which one projection's launches
 can be told apart by their place in a layer; the tables add the decode GEMVs by the kernel launched
 before each.
 `--engine` also times the engine generating greedily and sampling (`bench_27b.engine_token_ms`)
@@ -69,29 +69,10 @@ def split_steps(kernels: list[dict]) -> list[list[dict]]:
     return steps
 
 
-def analyse(step: list[dict]) -> dict:
-    """Per kind: launches, total duration, total advance and lead (us) of one step."""
-    out: dict = {}
-    latest = None
-    for k in sorted(step, key=lambda k: k["ts"]):
-        end = k["ts"] + k["dur"]
-        advance = k["dur"] if latest is None else max(0.0, end - latest)
-        lead = 0.0 if latest is None else max(0.0, latest - k["ts"])
-        gap = 0.0 if latest is None else max(0.0, k["ts"] - latest)
-        latest = end if latest is None else max(latest, end)
-        row = out.setdefault(kind(k["name"], k.get("args", {}).get("grid")), {"n": 0, "dur": 0.0, "advance": 0.0, "lead": 0.0, "gap": 0.0})
-        row["n"] += 1
-        row["dur"] += k["dur"]
-        row["advance"] += advance
-        row["lead"] += lead
-        row["gap"] += gap
-    span = latest - min(k["ts"] for k in step)
-    return {"span_us": span, "kinds": out}
-
-
 def timeline(step: list[dict]) -> list[dict]:
     """One step's kernels in start order: kind, grid, start (us from the step's first kernel),
-    duration, advance and lead, as `analyse` charges them (the per-launch view of a step)."""
+    duration, advance (how far it moves the latest end so far), lead (how early it starts before
+    that end) and gap (how long the GPU ran nothing before it): the per-launch view of a step."""
     rows = []
     latest = None
     t0 = min(k["ts"] for k in step)
@@ -99,11 +80,26 @@ def timeline(step: list[dict]) -> list[dict]:
         end = k["ts"] + k["dur"]
         grid = k.get("args", {}).get("grid")
         rows.append({"kind": kind(k["name"], grid), "grid": "x".join(map(str, grid or [])),
-                     "start_us": round(k["ts"] - t0, 2), "dur_us": round(k["dur"], 2),
-                     "advance_us": round(k["dur"] if latest is None else max(0.0, end - latest), 2),
-                     "lead_us": round(0.0 if latest is None else max(0.0, latest - k["ts"]), 2)})
+                     "start_us": k["ts"] - t0, "dur_us": k["dur"],
+                     "advance_us": k["dur"] if latest is None else max(0.0, end - latest),
+                     "lead_us": 0.0 if latest is None else max(0.0, latest - k["ts"]),
+                     "gap_us": 0.0 if latest is None else max(0.0, k["ts"] - latest)})
         latest = end if latest is None else max(latest, end)
     return rows
+
+
+def analyse(step: list[dict]) -> dict:
+    """Per kind: launches, total duration, total advance, lead and gap (us) of one step."""
+    out: dict = {}
+    rows = timeline(step)
+    for r in rows:
+        row = out.setdefault(r["kind"], {"n": 0, "dur": 0.0, "advance": 0.0, "lead": 0.0, "gap": 0.0})
+        row["n"] += 1
+        row["dur"] += r["dur_us"]
+        row["advance"] += r["advance_us"]
+        row["lead"] += r["lead_us"]
+        row["gap"] += r["gap_us"]
+    return {"span_us": max(r["start_us"] + r["dur_us"] for r in rows), "kinds": out}
 
 
 def by_predecessor(rows: list[dict]) -> dict:
@@ -121,8 +117,10 @@ def by_predecessor(rows: list[dict]) -> dict:
 
 
 def timeline_csv(rows: list[dict]) -> str:
-    fields = ["kind", "grid", "start_us", "dur_us", "advance_us", "lead_us"]
-    return "\n".join([",".join(fields), *(",".join(str(r[f]) for f in fields) for r in rows)]) + "\n"
+    fields = ["kind", "grid", "start_us", "dur_us", "advance_us", "lead_us", "gap_us"]
+    def cell(v: object) -> str:
+        return f"{v:.2f}" if isinstance(v, float) else str(v)
+    return "\n".join([",".join(fields), *(",".join(cell(r[f]) for f in fields) for r in rows)]) + "\n"
 
 
 def host_phases(runner, step_fn, seqs, tokens, steps: int = 30) -> dict:  # noqa: ANN001
