@@ -81,6 +81,11 @@ KERNEL_FEATURES: dict[str, bool] = {
     # faster per launch at 1-4 rows; in the 27B decode graph 6.666 -> 6.630 ms of GPU time per step at one
     # request, the input norms' int8 copy costing back most of it (docs/kernels/decode-gemv-v4.md, "thirteenth pass")
     "gemv_int8_multi": True,
+    # the decode norms feeding those int8 launches computed in the launches' prologues at one row
+    # (passes/norm_prologue.py: each block normalizes and quantizes the row itself, the norm kernel's
+    # math and summation order, so the activations are the same bytes), which takes the norm kernel's
+    # launch boundary off the step: 128 of the 27B's
+    "gemv_norm_prologue": False,
     # the fused GDN decode step also writes its output as int8 activations (each program owns whole
     # 64-groups: no cross-block step) and the q4 / q5 output projection reads them at <= 4 rows
     # (ops/qgemv.py `add_int8_input_supported`, ops/gdn_decode_fused.py `xq_store`); 27B decode on the

@@ -57,6 +57,10 @@ SWIGLU_I8X_SYMBOL = "ninfer_qgemv_swiglu_i8x"  # ... also writing its output as 
 ADD_I8_SYMBOL = "ninfer_qgemv_add_i8"  # the residual-add projection on int8 activations (q4 / q5)
 ADD_I8H_SYMBOL = "ninfer_qgemv_add_i8h"  # ... written by the SwiGLU (read at the rows it writes them)
 MULTI_I8_SYMBOL = "ninfer_qgemv_multi_i8"  # the multi launch, its mixed q4 + q5 part on int8 activations
+# the decode norm and the launch reading its int8 activations as one call (passes/norm_prologue.py): at
+# one row the launch computes the norm in its prologue, else the norm kernel runs first
+NORM_MULTI_I8_SYMBOL = "ninfer_qgemv_norm_multi_i8"
+NORM_SWIGLU_I8X_SYMBOL = "ninfer_qgemv_norm_swiglu_i8x"
 XQ_MAX_OUTPUTS = 64 * 8192  # qgemv_cuda.cu V4_XQ_GROUPS: outputs of a SwiGLU writing int8 activations
 ADD_NORM_SYMBOL = "ninfer_qgemv_add_norm"  # the residual add, then the RMS norm of its output (passes/add_norm.py)
 ADD_NORM_XQ_SYMBOL = "ninfer_qgemv_add_norm_xq"  # ... the norm also writing int8 activations
@@ -197,6 +201,16 @@ def _infer_qgemv_multi_i8(x: nn.Tensor, xq: nn.Tensor, n_out: int, *rest) -> tup
     return _infer_qgemv_multi(x, n_out, *rest)
 
 
+def _infer_norm_multi_i8(x: nn.Tensor, weight: nn.Tensor, eps: float, offset: float, n_out: int,
+                         *rest) -> tuple[nn.Tensor, ...]:
+    return (*_infer_norm_xq(x, weight, eps, offset), *_infer_qgemv_multi(x, n_out, *rest))
+
+
+def _infer_norm_swiglu_i8x(x: nn.Tensor, weight: nn.Tensor, eps: float, offset: float, bits: int, gate: nn.Tensor,
+                           *planes: nn.Tensor) -> tuple[nn.Tensor, ...]:
+    return (*_infer_norm_xq(x, weight, eps, offset), *_infer_qgemv_swiglu_i8x(x, x, bits, gate, *planes))
+
+
 def _extern(target: tvm.target.Target, dense: bool = False) -> nn.SourceModule:
     """A launcher module, registered once per export (a symbol may be added only once)."""
     exporter = Exporter.current()
@@ -210,7 +224,8 @@ def _extern(target: tvm.target.Target, dense: bool = False) -> nn.SourceModule:
                  {SYMBOL: _infer_qgemv, ADD_SYMBOL: _infer_qgemv_add, SWIGLU_SYMBOL: _infer_qgemv_swiglu,
                   SWIGLU_I8_SYMBOL: _infer_qgemv_swiglu_i8, SWIGLU_I8X_SYMBOL: _infer_qgemv_swiglu_i8x,
                   ADD_I8_SYMBOL: _infer_qgemv_add_i8, ADD_I8H_SYMBOL: _infer_qgemv_add_i8, MULTI_SYMBOL: _infer_qgemv_multi,
-                  MULTI_I8_SYMBOL: _infer_qgemv_multi_i8,
+                  MULTI_I8_SYMBOL: _infer_qgemv_multi_i8, NORM_MULTI_I8_SYMBOL: _infer_norm_multi_i8,
+                  NORM_SWIGLU_I8X_SYMBOL: _infer_norm_swiglu_i8x,
                   ADD_NORM_SYMBOL: _infer_qgemv_add_norm, ADD_NORM_XQ_SYMBOL: _infer_qgemv_add_norm_xq})
     module = nn.SourceModule(
         functions,

@@ -572,6 +572,12 @@ NINFER_QGEMV3(6, float, f32)
 #ifndef NINFER_V4_ISSUE_AHEAD
 #define NINFER_V4_ISSUE_AHEAD 0
 #endif
+// Measurement switch: the stage loop order of the XQN entries (the norm in the prologue): 0 as the
+// default entries; 2 = the whole ring copied before the PDL wait, so that each warp has STAGES
+// stages in flight while its block computes the norm
+#ifndef NINFER_V4_XQN_ORDER
+#define NINFER_V4_XQN_ORDER 0
+#endif
 #ifndef NINFER_V4_CP_HINT  // e.g. ".L2::256B" (an L2 prefetch size for the 16-byte copies)
 #define NINFER_V4_CP_HINT ""
 #endif
@@ -904,7 +910,15 @@ struct V4Epi {
   uint32_t norm_wbf16;
 };
 
+// XQN entries (the decode norm in the GEMV's prologue, one activation row): each unit of 256 k of
+// the normalized row as the int8 slot layout of `v4_xq_slot`, 512 bytes + 4 scales, in the block's
+// shared memory past its rings; before the PDL wait a bf16 norm weight is copied there (lane l of
+// the unit's owner: its 16 bytes at l * 16), read back by the same lane (`v4_norm_in`).
+constexpr uint32_t V4_XQN_UNIT = 528;
+
 // (defined with the RMS norm kernels below)
+__device__ __noinline__ void v4_norm_in(const __nv_bfloat16* x, const void* w, uint32_t wbf16, float eps, float offset,
+                                        uint32_t k, uint8_t* region, __nv_bfloat16* yn);
 __device__ __noinline__ void v4_add_norm(const __nv_bfloat16* y, const void* w, void* yn, uint8_t* xq, float eps,
                                          float offset, uint32_t wbf16, uint32_t k, uint32_t b_rows);
 
@@ -1084,7 +1098,7 @@ __device__ __forceinline__ void v4_xq_slot(const uint4& x8, uint8_t* slot, uint3
 // XQS (with I8, one activation row): x is bf16 and each warp quantizes its own K range a stage
 // ahead into its ring slots (`v4_xq_slot`; loaded one stage before that), so a projection whose
 // producer cannot write int8 activations (a 64-group would span its blocks) still runs the int8 stages.
-template <int BITS, typename TY, bool PDL, uint32_t MODE, bool I8 = false, bool XQS = false>
+template <int BITS, typename TY, bool PDL, uint32_t MODE, bool I8 = false, bool XQS = false, bool XQN = false>
 __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ base,
                                         const uint8_t* __restrict__ high, const __half* __restrict__ scales,
                                         TY* __restrict__ y, uint32_t n_rows, uint32_t k, uint32_t b_rows,
@@ -1128,7 +1142,10 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   // I8 at one row: each slot also holds the stage's activations (512 B: columns 0 and 1 of its 4
   // groups), copied a stage ahead with the weights, so no stage waits for them
   static_assert(!XQS || I8, "self-quantized activations feed the int8 stages");
-  const bool xst = I8 && (XQS || b_rows == 1);  // (XQS: the launcher runs it at one row only)
+  // XQN (one row): x is the decode norm's input; the block normalizes and quantizes all of it
+  // before its stages (`v4_norm_in`), which read their activations from that copy, not the slots
+  static_assert(!XQN || (I8 && !XQS), "the norm in the prologue feeds the int8 stages");
+  const bool xst = I8 && !XQN && (XQS || b_rows == 1);  // (XQS, XQN: the launcher runs them at one row only)
   const uint32_t slot_bytes = STAGE + (xst ? 512u : 0u) + (XQS ? 16u : 0u);
   uint8_t* ring = v4_smem + warp * (STAGES * slot_bytes);
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
@@ -1141,7 +1158,15 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   V4Lane lp = v4_lane<BITS>(base, high, scales, row0, groups, ubeg, lane);
   // the loop's order (NINFER_V4_ISSUE_AHEAD; the self-quantizing entry keeps the first); the
   // prologue copies STAGES - 1 stages before the PDL wait, or (order 2) the whole ring
-  constexpr uint32_t ORDER = XQS ? 0u : NINFER_V4_ISSUE_AHEAD, EXTRA = ORDER == 2u ? 1u : 0u;
+  constexpr uint32_t ORDER = XQS ? 0u : XQN ? NINFER_V4_XQN_ORDER : NINFER_V4_ISSUE_AHEAD, EXTRA = ORDER == 2u ? 1u : 0u;
+  // XQN: the normalized activations past every warp's ring; a bf16 norm weight copied there first
+  uint8_t* const xqn = v4_smem + (blockDim.x >> 5) * (STAGES * slot_bytes);
+  if (XQN && e.norm_wbf16) {
+    const uint32_t warps = blockDim.x >> 5, xqn_s = static_cast<uint32_t>(__cvta_generic_to_shared(xqn));
+    for (uint32_t u = warp; u < units; u += warps)  // unit u's owner in `v4_norm_in` (warps divides 8)
+      cp_async16(xqn_s + u * V4_XQN_UNIT + lane * 16u, reinterpret_cast<const uint4*>(e.norm_w) + u * 32u + lane);
+    cp_async_commit();
+  }
   if (active) {
 #pragma unroll
     for (uint32_t i = 0; i + 1u < STAGES + EXTRA; ++i) {
@@ -1165,6 +1190,16 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
       const unsigned short r = *reinterpret_cast<const volatile unsigned short*>(e.residual + col * n_rows + row);
       res_pre = __uint_as_float(static_cast<uint32_t>(r) << 16);
     }
+  }
+  if (XQN) {  // (every warp: the norm's reduction spans the block)
+    if (e.norm_wbf16) {  // this lane's weight copies, committed before the ring's STAGES - 1 (+ EXTRA) groups
+      if (active)
+        cp_async_wait<STAGES - 1 + EXTRA>();
+      else
+        cp_async_wait<0>();
+    }
+    v4_norm_in(x, e.norm_w, e.norm_wbf16, e.norm_eps, e.norm_offset, k, xqn,
+               blockIdx.x == 0u ? static_cast<__nv_bfloat16*>(e.norm_y) : nullptr);
   }
   if (active) {
     const __nv_bfloat16* xs = x + (g < b_rows ? g : 0u) * k + c * 16u + ubeg * 256u;
@@ -1234,6 +1269,9 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
       if (XQS)
         v4_stage_i8<BITS, true>(ring + use, nullptr, reinterpret_cast<const float*>(ring + use + STAGE + 512u), g, c,
                                 acc, ring + use + STAGE);
+      else if (XQN)
+        v4_stage_i8<BITS, true>(ring + use, nullptr, reinterpret_cast<const float*>(xqn + (ubeg + i) * V4_XQN_UNIT + 512u),
+                                g, c, acc, xqn + (ubeg + i) * V4_XQN_UNIT);
       else if (I8)
         v4_stage_i8<BITS>(ring + use, reinterpret_cast<const uint8_t*>(x) + (ubeg + i) * 2048u, e.x_scales + (ubeg + i) * 16u,
                     g, c, acc, xst ? ring + use + STAGE : nullptr);
@@ -1281,7 +1319,7 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   const uint32_t outs = swiglu ? slots >> 1 : slots;  // output tiles of this block
   // the I8 SwiGLU's handover within a cluster (`v4_xq_out_cluster`): this block's outputs go to
   // the cluster leader's buffer, at the block's place in the group
-  const bool xq_cluster = NINFER_V4_XQ_CLUSTER == 1 && I8 && swiglu && e.xq_out != nullptr && outs * 16u < 64u &&
+  const bool xq_cluster = NINFER_V4_XQ_CLUSTER == 1 && I8 && !XQN && swiglu && e.xq_out != nullptr && outs * 16u < 64u &&
                           cluster_blocks() == 64u / (outs * 16u);
   __nv_bfloat16* xq_y = nullptr;
   if (xq_cluster)
@@ -1389,16 +1427,17 @@ extern "C" __global__ void NINFER_V4_BOUNDS_I8 ninfer_qgemv4e_q5_add_i8s(
 // the q4 weights first; blocks [0, blocks4) run their tiles as the q4 entry does (K split `ks`),
 // the rest the q5 tiles after them (K split `ks5`), each block one format, so the per-format loops
 // and rings of the two entries are used unchanged (the ring memory is the larger format's).
-template <bool I8>
+template <bool I8, bool XQN = false>
 __device__ __forceinline__ void v4_multi45(const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high,
                                            const __half* scales, __nv_bfloat16* y, uint32_t n_rows, uint32_t k,
                                            uint32_t b_rows, uint32_t ks, const V4Epi& e, uint32_t blocks4, uint32_t ks5) {
   const uint32_t warps = blockDim.x >> 5;
   if (blockIdx.x < blocks4)
-    v4_body<4, __nv_bfloat16, true, V4_MULTI, I8>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blockIdx.x, 0u);
+    v4_body<4, __nv_bfloat16, true, V4_MULTI, I8, false, XQN>(x, base, high, scales, y, n_rows, k, b_rows, ks, e,
+                                                              blockIdx.x, 0u);
   else
-    v4_body<5, __nv_bfloat16, true, V4_MULTI, I8>(x, base, high, scales, y, n_rows, k, b_rows, ks5, e,
-                                                  blockIdx.x - blocks4, blocks4 * (warps / ks));
+    v4_body<5, __nv_bfloat16, true, V4_MULTI, I8, false, XQN>(x, base, high, scales, y, n_rows, k, b_rows, ks5, e,
+                                                              blockIdx.x - blocks4, blocks4 * (warps / ks));
 }
 
 extern "C" __global__ void NINFER_V4_BOUNDS ninfer_qgemv4e_q45_multi(
@@ -1414,6 +1453,24 @@ extern "C" __global__ void NINFER_V4_BOUNDS_I8 ninfer_qgemv4e_q45_multi_i8(
     const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, const __half* scales, __nv_bfloat16* y,
     uint32_t n_rows, uint32_t k, uint32_t b_rows, uint32_t ks, const V4Epi e, uint32_t blocks4, uint32_t ks5) {
   v4_multi45<true>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blocks4, ks5);
+}
+
+// The decode norm in the prologue (XQN, one row; docs/kernels/decode-gemv-v4.md "twenty-second
+// pass"): x is the norm's input, `e.norm_w` (fp32, or bf16 when `e.norm_wbf16`), `e.norm_eps`,
+// `e.norm_offset` its parameters; block 0 also writes the normalized row to `e.norm_y`. The norm
+// kernel's launch boundary leaves the step: the mixers' projections of the input norm and the
+// MLP's SwiGLU of the post-attention norm (its int8 output for the down projection as before).
+extern "C" __global__ void NINFER_V4_BOUNDS_I8 ninfer_qgemv4e_q45_multi_i8n(
+    const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, const __half* scales, __nv_bfloat16* y,
+    uint32_t n_rows, uint32_t k, uint32_t b_rows, uint32_t ks, const V4Epi e, uint32_t blocks4, uint32_t ks5) {
+  v4_multi45<true, true>(x, base, high, scales, y, n_rows, k, b_rows, ks, e, blocks4, ks5);
+}
+
+extern "C" __global__ void NINFER_V4_BOUNDS_I8 ninfer_qgemv4e_q4_swiglu_i8n(
+    const __nv_bfloat16* x, const uint8_t* base, const uint8_t* high, const __half* scales, __nv_bfloat16* y,
+    uint32_t n_rows, uint32_t k, uint32_t b_rows, uint32_t ks, const V4Epi e) {
+  v4_body<4, __nv_bfloat16, true, V4_SWIGLU, true, false, true>(x, base, high, scales, y, n_rows, k, b_rows, ks, e,
+                                                               blockIdx.x, 0u);
 }
 
 
@@ -1525,14 +1582,18 @@ __device__ __forceinline__ void norm_weight8(const float* w, uint32_t i, float o
   out[4] = b.x + offset; out[5] = b.y + offset; out[6] = b.z + offset; out[7] = b.w + offset;
 }
 
-__device__ __forceinline__ void norm_weight8(const __nv_bfloat16* w, uint32_t i, float offset, float* out) {
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(w) + i);
+// 8 bf16 weights in v (+ offset) as fp32.
+__device__ __forceinline__ void norm_weight8_bf16(const uint4& v, float offset, float* out) {
   const uint32_t q[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     out[2 * j] = __uint_as_float(q[j] << 16) + offset;
     out[2 * j + 1] = __uint_as_float(q[j] & 0xFFFF0000u) + offset;
   }
+}
+
+__device__ __forceinline__ void norm_weight8(const __nv_bfloat16* w, uint32_t i, float offset, float* out) {
+  norm_weight8_bf16(__ldg(reinterpret_cast<const uint4*>(w) + i), offset, out);
 }
 
 // ss plus the squares of the 8 bf16 values in x, in element order (both norm forms sum this way).
@@ -1712,6 +1773,64 @@ __device__ __noinline__ void v4_add_norm(const __nv_bfloat16* y, const void* w, 
     v4_norm_rows(y, static_cast<const __nv_bfloat16*>(w), out, xq, eps, offset, k, b_rows, red);
   else
     v4_norm_rows(y, static_cast<const float*>(w), out, xq, eps, offset, k, b_rows, red);
+}
+
+// The XQN prologue (one row, K % 256 == 0, K <= 8,192, blocks of 4 or 8 warps): x's RMS norm with
+// `rms_norm_body`'s math in its summation order (virtual thread t = 32 vw + lane of 256 sums the
+// squares of vectors t + 256 j in j order, the shuffle tree per virtual warp, then virtual warps 0..7),
+// so every block, whatever its size, and the norm kernel compute the same bf16 row. The owner warp
+// of virtual warp vw (vw % warps) holds the vectors of units vw + 8 j (vector t + 256 j is lane t % 32
+// of unit t / 32 + 8 j) and writes each unit normalized, quantized as `v4_xq_slot` does (the norm
+// kernel's `norm_xq8` math) to `region`, and to `yn` unless nullptr. A bf16 weight is read from the
+// unit's bytes there (copied before the PDL wait by the same lane), an fp32 one from global memory.
+// Ends with a barrier: the block's stages read any unit.
+__device__ __noinline__ void v4_norm_in(const __nv_bfloat16* x, const void* w, uint32_t wbf16, float eps, float offset,
+                                        uint32_t k, uint8_t* region, __nv_bfloat16* yn) {
+  __shared__ float red[NORM_THREADS / 32];
+  const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u, warps = blockDim.x >> 5, vecs = k >> 3;
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  uint4 xv[2][NORM_VECS];  // [h][j]: virtual warp warp + h x warps, vector j
+#pragma unroll
+  for (uint32_t h = 0; h < 2; ++h)
+#pragma unroll
+    for (uint32_t j = 0; j < NORM_VECS; ++j) {
+      const uint32_t vw = warp + h * warps, v = vw * 32u + lane + j * NORM_THREADS;
+      xv[h][j] = vw < 8u && v < vecs ? ld_dep16(xr + v) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+  for (uint32_t h = 0; h < 2; ++h) {
+    float ss = 0.f;
+#pragma unroll
+    for (uint32_t j = 0; j < NORM_VECS; ++j) ss = norm_sumsq8(xv[h][j], ss);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+    if (lane == 0u && warp + h * warps < 8u) red[warp + h * warps] = ss;
+  }
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int i = 0; i < NORM_THREADS / 32; ++i) total += red[i];
+  const float inv = rsqrtf(total / static_cast<float>(k) + eps);
+#pragma unroll
+  for (uint32_t h = 0; h < 2; ++h)
+#pragma unroll
+    for (uint32_t j = 0; j < NORM_VECS; ++j) {
+      const uint32_t vw = warp + h * warps, u = vw + 8u * j;
+      if (vw >= 8u || u >= (k >> 8)) continue;  // (warp-uniform: v4_xq_slot shuffles)
+      uint8_t* unit = region + u * V4_XQN_UNIT;
+      float wv[8];
+      if (wbf16)
+        norm_weight8_bf16(*reinterpret_cast<const uint4*>(unit + lane * 16u), offset, wv);
+      else
+        norm_weight8(static_cast<const float*>(w), u * 32u + lane, offset, wv);
+      uint32_t o[4];
+      norm_scale8(ld_dep16(xr + u * 32u + lane), inv, wv, o);  // (again: an L1 hit, xv is not kept)
+      const uint4 o4 = make_uint4(o[0], o[1], o[2], o[3]);
+      if (yn != nullptr) reinterpret_cast<uint4*>(yn)[u * 32u + lane] = o4;
+      __syncwarp();  // every lane has read its weights from the unit's bytes
+      v4_xq_slot(o4, unit, lane);
+    }
+  __syncthreads();
 }
 }  // namespace
 #endif  // NINFER_GEMV_DENSE_ONLY

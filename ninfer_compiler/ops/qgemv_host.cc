@@ -66,12 +66,21 @@ const Driver& driver() {
 #ifndef NINFER_GEMV_DENSE_ONLY
 // v2: 4 formats x 4 batch sizes x 2 dtypes; v3: q4/q5/q6; v4 (the launcher's entries): q4/q5/q6 x
 // 4 epilogues, the mixed q4 + q5 multi entry, on int8 activations q4 plain / SwiGLU / add, q5 add
-// and the mixed multi, and the q5 add quantizing its bf16 activations itself
-constexpr int kKernels = 32 + 3 + 12 + 1 + 5 + 1;
+// and the mixed multi, and the q5 add quantizing its bf16 activations itself; the decode norm with
+// int8 output (fp32 / bf16 weight) and the SwiGLU / mixed multi computing that norm themselves
+constexpr int kKernels = 32 + 3 + 12 + 1 + 5 + 1 + 2 + 2;
 constexpr int kMulti45Index = 47;
 constexpr int kI8Index = 48;  // + 0: q4 plain, + 1: q4 SwiGLU, + 2: q4 add, + 3: q5 add (`v4_stage_i8`)
 constexpr int kMulti45I8Index = 52;
 constexpr int kSelfI8Index = 53;  // ninfer_qgemv4e_q5_add_i8s
+constexpr int kNormXqIndex = 54;   // + 0: ninfer_rms_norm_xq_wf32, + 1: ninfer_rms_norm_xq_wbf16
+constexpr int kSwigluI8nIndex = 56;   // ninfer_qgemv4e_q4_swiglu_i8n (the norm in the prologue, XQN)
+constexpr int kMulti45I8nIndex = 57;  // ninfer_qgemv4e_q45_multi_i8n
+// Which `ninfer_qgemv_norm_*` calls compute the norm in the launch's prologue at one row (bit 0: the
+// mixed multi, bit 1: the SwiGLU); the others launch the norm kernel first (a measurement knob).
+#define NINFER_V4_XQN_LAUNCHES 3
+constexpr uint32_t kXqnUnitBytes = 528;  // qgemv_cuda.cu V4_XQN_UNIT: a block's activations per 256 k
+constexpr int64_t kXqnMaxK = 8192;       // the XQN prologue's K (qgemv_cuda.cu NORM_VECS x 8 x 256)
 constexpr uint32_t kXqGroups = 8192;  // qgemv_cuda.cu V4_XQ_GROUPS: the SwiGLU's xq output has <= 64 x this
 
 // v4's ring depth per format; must equal the kernel's (tests/compiler/ops/test_qgemv_v4.py checks).
@@ -152,6 +161,19 @@ struct NormOut {
   char* xq;
 };
 
+// The decode RMS norm whose output a SwiGLU / mixed multi launch reads (`ninfer_qgemv_norm_*`): its
+// input x (bf16 rows), weight (fp32, or bf16 when wbf16), eps, offset, and where the normalized rows
+// `y` and their int8 activations `xq` (rows 0..3) go. At one row the int8 entry computes it in its
+// prologue (XQN: writes y, not xq); otherwise the norm kernel runs first (`norm_xq_launch`).
+struct NormIn {
+  const char* x;
+  const void* w;
+  bool wbf16;
+  float eps, offset;
+  char* y;
+  char* xq;
+};
+
 // Dynamic shared memory of a v4 block: warps x stages x (16 rows x 4 groups of base, high, scales).
 // `x_staged`: an int8 entry at one activation row, whose slots also hold 512 bytes of activations
 // (`self_quantized`: and their 4 scales, 16 bytes).
@@ -172,8 +194,10 @@ int v4_index(int bits, uint32_t mode) { return 35 + 4 * (bits - 4) + static_cast
 
 std::string kernel_name(int i) {
   if (i >= kI8Index) {
-    const char* names[6] = {"ninfer_qgemv4e_q4_plain_i8", "ninfer_qgemv4e_q4_swiglu_i8", "ninfer_qgemv4e_q4_add_i8",
-                            "ninfer_qgemv4e_q5_add_i8", "ninfer_qgemv4e_q45_multi_i8", "ninfer_qgemv4e_q5_add_i8s"};
+    const char* names[10] = {"ninfer_qgemv4e_q4_plain_i8", "ninfer_qgemv4e_q4_swiglu_i8", "ninfer_qgemv4e_q4_add_i8",
+                             "ninfer_qgemv4e_q5_add_i8", "ninfer_qgemv4e_q45_multi_i8", "ninfer_qgemv4e_q5_add_i8s",
+                             "ninfer_rms_norm_xq_wf32", "ninfer_rms_norm_xq_wbf16", "ninfer_qgemv4e_q4_swiglu_i8n",
+                             "ninfer_qgemv4e_q45_multi_i8n"};
     return names[i - kI8Index];
   }
   if (i == kMulti45Index) return "ninfer_qgemv4e_q45_multi";
@@ -234,9 +258,12 @@ CUfunction lookup(int index) {
     rc = d.module_get_function(&fn, mod, name.c_str());
     TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: no kernel " << name;
 #ifndef NINFER_GEMV_DENSE_ONLY
-    if (i >= 35) {  // v4 asks for more than the 48 KB of shared memory that need no opt-in
+    if (i >= 35 && i != kNormXqIndex && i != kNormXqIndex + 1) {  // v4 asks for more than the 48 KB that need no opt-in
+      const uint32_t xqn = static_cast<uint32_t>(kXqnMaxK / 256) * kXqnUnitBytes;
       rc = d.func_set_attribute(fn, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */,
-                                static_cast<int>(i == kSelfI8Index ? v4_smem(5, kV4MaxWarps, true, true)
+                                static_cast<int>(i == kSwigluI8nIndex    ? v4_smem(4, kV4MaxWarps) + xqn
+                                                 : i == kMulti45I8nIndex ? std::max(v4_smem(4, kV4MaxWarps), v4_smem(5, kV4MaxWarps)) + xqn
+                                                 : i == kSelfI8Index ? v4_smem(5, kV4MaxWarps, true, true)
                                                  : i == kMulti45I8Index
                                                      ? std::max(v4_smem(4, kV4MaxWarps, true), v4_smem(5, kV4MaxWarps, true))
                                                  : i >= kI8Index ? v4_smem(i == kI8Index + 3 ? 5 : 4, kV4MaxWarps, true) +
@@ -382,9 +409,11 @@ bool v4_fits(bool f32, int bits, const Planes& w, int64_t k) {
 // `xq`: x also as int8 activations (the norm's xq layout, rows <= 4), or nullptr.
 // `xq_out` (SwiGLU with xq): y also as int8 activations there, written by the int8 entry (<= 4 rows).
 // `norm` (V4_ADD): y's RMS norm too, computed by the launch's last block.
+// `pre` (an int8 SwiGLU of one row, `xqn_runs`): xp is pre's output, which the launch computes itself
+// from pre's input (the XQN entry) instead of reading xq.
 void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Planes& w, char* yp, int64_t y_stride,
          uint32_t mode, const Planes* up, const char* residual, CUstream stream, const char* xq = nullptr,
-         char* xq_out = nullptr, const NormOut* norm = nullptr) {
+         char* xq_out = nullptr, const NormOut* norm = nullptr, const NormIn* pre = nullptr) {
   const int64_t n = w.n;
   TVM_FFI_ICHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8) << "ninfer_gemv: no kernel for " << bits << "-bit codes";
   TVM_FFI_ICHECK(k % 128 == 0 && n % 4 == 0) << "ninfer_gemv: unsupported shape";
@@ -437,12 +466,18 @@ void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Plan
     // ... or, for a q5 residual add of one row without them, quantized by the launch itself
     const bool self_i8 = v4 && !i8 && NINFER_V4_SELF_I8 && rows == 1 && bits == 5 && mode == V4_ADD && int8_enabled();
     const int i8_index = kI8Index + (bits == 5 ? 3 : mode == V4_SWIGLU ? 1 : mode == V4_ADD ? 2 : 0);
-    CUfunction fn = lookup(self_i8 ? kSelfI8Index
+    const bool xqn = pre != nullptr;
+    TVM_FFI_ICHECK(!xqn || (i8 && swiglu && rows == 1 && k <= kXqnMaxK && warps4 >= 4))
+        << "ninfer_gemv: the norm in the SwiGLU's prologue needs its int8 entry at one row and K <= " << kXqnMaxK;
+    CUfunction fn = lookup(xqn ? kSwigluI8nIndex
+                           : self_i8 ? kSelfI8Index
                            : i8    ? i8_index
                            : v4    ? v4_index(bits, mode)
                            : v3    ? v3_index(bits)
                                    : kernel_index(bits, batch, f32));
-    const void* xr = i8 ? static_cast<const void*>(xq) : static_cast<const void*>(xp + r0 * k * esize);
+    const void* xr = xqn ? static_cast<const void*>(pre->x)
+                     : i8 ? static_cast<const void*>(xq)
+                          : static_cast<const void*>(xp + r0 * k * esize);
     void* yr = yp + r0 * y_stride * esize;
     uint32_t ks = v4 ? ks4 : v3 ? ks3 : ks2, warps_v4 = warps4, grid_v4 = grid4;
     if (v4 && bits == 5 && !swiglu && b <= 2 && ks > NINFER_V4_Q5_KS_FEW_ROWS) {
@@ -456,15 +491,23 @@ void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Plan
             i8 ? xq_out : nullptr, norm ? norm->w : nullptr, norm ? norm->y + r0 * n * 2 : nullptr,
             norm && r0 == 0 ? norm->xq : nullptr, norm ? norm->eps : 0.f, norm ? norm->offset : 0.f,
             norm && norm->wbf16 ? 1u : 0u};
+    if (xqn) {  // (the norm's parameters where V4_ADD keeps its own norm's: the modes never meet)
+      e.norm_w = pre->w;
+      e.norm_y = pre->y;
+      e.norm_eps = pre->eps;
+      e.norm_offset = pre->offset;
+      e.norm_wbf16 = pre->wbf16 ? 1u : 0u;
+    }
     TVM_FFI_ICHECK(norm == nullptr || (v4 && mode == V4_ADD)) << "ninfer_gemv: add_norm runs on v4 residual adds only";
     void* args[] = {&xr, &bp, &hp, &sp, &yr, &n32, &k32, &b, &ks, v4 ? static_cast<void*>(&e) : static_cast<void*>(&ys)};
     const uint32_t grid = v4 ? grid_v4 : v3 ? grid3 : grid2, threads = v4 ? warps_v4 * 32 : v3 ? threads3 : 256;
     // the SwiGLU's handover in clusters: the blocks of one 64-group of outputs (`v4_xq_out_cluster`)
     const uint32_t outs16 = swiglu ? warps_v4 / ks / 2 * 16 : 0;
-    const uint32_t cluster = NINFER_V4_XQ_CLUSTER && i8 && swiglu && xq_out != nullptr && outs16 < 64 ? 64 / outs16 : 1;
+    const uint32_t cluster = NINFER_V4_XQ_CLUSTER && i8 && !xqn && swiglu && xq_out != nullptr && outs16 < 64 ? 64 / outs16 : 1;
     TVM_FFI_ICHECK(cluster == 1 || grid % cluster == 0) << "ninfer_gemv: the SwiGLU's cluster handover needs whole groups of blocks";
-    const uint32_t smem = (v4 ? v4_smem(bits, warps_v4, (i8 && b == 1) || self_i8, self_i8) : 0) +
-                          (cluster > 1 && NINFER_V4_XQ_CLUSTER == 1 ? kXqClusterBytes : 0);
+    const uint32_t smem = (v4 ? v4_smem(bits, warps_v4, !xqn && ((i8 && b == 1) || self_i8), self_i8) : 0) +
+                          (cluster > 1 && NINFER_V4_XQ_CLUSTER == 1 ? kXqClusterBytes : 0) +
+                          (xqn ? static_cast<uint32_t>(k / 256) * kXqnUnitBytes : 0u);
     launch(fn, grid, threads, smem, stream, args, cluster);
   }
 }
@@ -529,8 +572,10 @@ void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* 
 // then the q5 tiles at the q5 K split, in blocks of the same size. False (nothing launched) where
 // there are not both formats or the q4 tiles do not fill whole blocks. `xq`: x also as the norm's int8
 // activations, read by the int8 entry where it runs (<= 4 rows, NINFER_GEMV_INT8 not 0), or nullptr.
+// `pre` (one row, the int8 entry running): xp is pre's output, which the launch computes from pre's
+// input in its prologue (the XQN entry) instead of reading xq.
 bool run_multi45(const char* xp, int64_t rows, int64_t k, const Planes* w, char* const* y, const int64_t* stride,
-                 uint32_t n4, uint32_t nseg, CUstream stream, const char* xq = nullptr) {
+                 uint32_t n4, uint32_t nseg, CUstream stream, const char* xq = nullptr, const NormIn* pre = nullptr) {
   if (n4 == 0 || n4 >= nseg || nseg > V4_SEGS) return false;
   V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 0.f, 0u};
   const uint32_t tiles = multi_segments(e, w, stride, nseg), tiles4 = e.seg_end[n4 - 1], tiles5 = tiles - tiles4;
@@ -539,6 +584,19 @@ bool run_multi45(const char* xp, int64_t rows, int64_t k, const Planes* w, char*
   const uint32_t warps = std::max({4u, ks4, ks5});
   if (tiles4 % (warps / ks4) != 0) return false;
   const uint32_t blocks4 = tiles4 / (warps / ks4), blocks5 = (tiles5 + warps / ks5 - 1) / (warps / ks5);
+  if (pre != nullptr) {
+    TVM_FFI_ICHECK(rows == 1 && k <= kXqnMaxK && warps <= kV4MaxWarps && int8_enabled())
+        << "ninfer_gemv: the norm in the multi launch's prologue needs one row and K <= " << kXqnMaxK;
+    e.norm_w = pre->w;
+    e.norm_y = pre->y;
+    e.norm_eps = pre->eps;
+    e.norm_offset = pre->offset;
+    e.norm_wbf16 = pre->wbf16 ? 1u : 0u;
+    launch_multi(lookup(kMulti45I8nIndex), e, pre->x, rows, k, w, y, stride, nseg, tiles, ks4, blocks4 + blocks5, warps,
+                 std::max(v4_smem(4, warps), v4_smem(5, warps)) + static_cast<uint32_t>(k / 256) * kXqnUnitBytes, stream,
+                 blocks4, ks5);
+    return true;
+  }
   const bool i8 = xq != nullptr && rows <= 4 && int8_enabled();
   if (i8) e.x_scales = xq + k * 8;
   const bool staged = i8 && rows == 1;  // (an int8 entry at one row stages its activations in the ring)
@@ -683,6 +741,59 @@ void qgemv_swiglu_i8(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, int64_t bi
   swiglu_run(x, &xq, bits, gb, gh, gs, ub, uh, us, y, nullptr);
 }
 
+// The decode norm of `pre` as its own kernel (`rms_norm_body`: y, and xq at rows 0..3).
+void norm_xq_launch(const NormIn& pre, int64_t rows, int64_t k, CUstream stream) {
+  const void* xp = pre.x;
+  const void* wp = pre.w;
+  void* yp = pre.y;
+  void* qp = pre.xq;
+  uint32_t k32 = static_cast<uint32_t>(k);
+  float eps = pre.eps, offset = pre.offset;
+  void* args[] = {&xp, &wp, &yp, &k32, &eps, &offset, &qp};
+  if (rows > 0) launch(lookup(kNormXqIndex + (pre.wbf16 ? 1 : 0)), static_cast<uint32_t>(rows), 256, 0, stream, args);
+}
+
+// `pre` checked as the decode norm of x (bf16 rows of K) with weight nw (fp32 or bf16, K), output y
+// (bf16, x's shape) and int8 activations xq (`xq_bytes(K)`), all 16-byte aligned.
+NormIn norm_in(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& nw, double eps, double offset,
+               const tvm::ffi::TensorView& y, const tvm::ffi::TensorView& xq, const char* what) {
+  const int64_t k = k_of(x);
+  const bool wf32 = nw.dtype().code == kDLFloat && nw.dtype().bits == 32;
+  const auto bf16 = [](const tvm::ffi::TensorView& t) { return t.dtype().code == kDLBfloat && t.dtype().bits == 16; };
+  TVM_FFI_ICHECK(bf16(x) && bf16(y) && y.numel() == x.numel() && (wf32 || bf16(nw)) && nw.numel() == k &&
+                 reinterpret_cast<uintptr_t>(address(x)) % 16 == 0 && reinterpret_cast<uintptr_t>(address(y)) % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(address(nw)) % 16 == 0)
+      << "ninfer_gemv: " << what << " needs bf16 x and norm output of one shape, an fp32 or bf16 norm weight of K = " << k
+      << " and 16-byte aligned x, output and weight";
+  return NormIn{address(x), address(nw), !wf32, static_cast<float>(eps), static_cast<float>(offset), address(y),
+                const_cast<char*>(xq_address(&xq, k, what))};
+}
+
+// The SwiGLU of the decode norm of x (`ninfer_rms_norm_xq` + `qgemv_swiglu_i8x` in one call): at one
+// row the int8 entry computes the norm in its prologue (yn written, xq not: only this call reads
+// it); otherwise the norm kernel writes yn and xq, then the SwiGLU runs as `qgemv_swiglu_i8x`.
+void qgemv_norm_swiglu_i8x(tvm::ffi::TensorView x, tvm::ffi::TensorView nw, double eps, double offset, int64_t bits,
+                           tvm::ffi::TensorView gb, tvm::ffi::TensorView gh, tvm::ffi::TensorView gs,
+                           tvm::ffi::TensorView ub, tvm::ffi::TensorView uh, tvm::ffi::TensorView us,
+                           tvm::ffi::TensorView yn, tvm::ffi::TensorView xq, tvm::ffi::TensorView y,
+                           tvm::ffi::TensorView yq) {
+  const NormIn pre = norm_in(x, nw, eps, offset, yn, xq, "norm_swiglu_i8x");
+  const int64_t k = k_of(x), rows = x.numel() / k;
+  if ((NINFER_V4_XQN_LAUNCHES & 2) && rows == 1 && k <= kXqnMaxK && i8_runs(true, rows, static_cast<int>(bits), V4_SWIGLU)) {
+    const int64_t n = y.shape()[y.ndim() - 1];
+    const Planes g = planes(gb, gh, gs, bits, k), u = planes(ub, uh, us, bits, k);
+    TVM_FFI_ICHECK(g.n == n && u.n == n && bits == 4 && n % 64 == 0 && n / 64 <= kXqGroups)
+        << "ninfer_gemv: norm_swiglu_i8x needs q4 gate / up of y's rows, N % 64 == 0 and N <= " << 64 * kXqGroups;
+    char* yqp = const_cast<char*>(xq_address(&yq, n, "norm_swiglu_i8x's output"));
+    if (rows > NINFER_XQ_HANDOVER_ROWS) yqp = nullptr;
+    run(address(yn), false, rows, k, static_cast<int>(bits), g, address(y), n, V4_SWIGLU, &u, nullptr, stream_of(x),
+        pre.xq, yqp, nullptr, &pre);
+    return;
+  }
+  norm_xq_launch(pre, rows, k, stream_of(x));
+  swiglu_run(yn, &xq, bits, gb, gh, gs, ub, uh, us, y, &yq);
+}
+
 // The same, y also written as int8 activations `yq` for `qgemv_add_i8`
 void qgemv_swiglu_i8x(tvm::ffi::TensorView x, tvm::ffi::TensorView xq, int64_t bits, tvm::ffi::TensorView gb,
                       tvm::ffi::TensorView gh, tvm::ffi::TensorView gs, tvm::ffi::TensorView ub, tvm::ffi::TensorView uh,
@@ -697,8 +808,10 @@ namespace {
 // output o is the concatenation (last axis) of x W^T over its n_o weights; the v4-capable weights
 // share launches (the q4 and q5 ones one mixed launch), the others one launch each, all chained by
 // PDL (no concatenation kernel). `with_xq`: x is followed by its int8 activations (the norm's xq),
-// which the mixed launch reads instead of x where its int8 entry runs.
-void multi_call(const tvm::ffi::AnyView* args, int32_t num_args, bool with_xq) {
+// which the mixed launch reads instead of x where its int8 entry runs. `pre`: x and xq are the
+// outputs of this decode norm, computed here first (by the mixed launch's prologue at one row,
+// else by the norm kernel).
+void multi_call(const tvm::ffi::AnyView* args, int32_t num_args, bool with_xq, const NormIn* pre = nullptr) {
   using tvm::ffi::TensorView;
   TVM_FFI_ICHECK(num_args >= (with_xq ? 3 : 2)) << "ninfer_qgemv_multi: too few arguments";
   const TensorView x = args[0].cast<TensorView>();
@@ -739,6 +852,7 @@ void multi_call(const tvm::ffi::AnyView* args, int32_t num_args, bool with_xq) {
     TVM_FFI_ICHECK(off == total) << "ninfer_qgemv_multi: output " << o << " has " << total << " columns, its weights " << off;
   }
   std::vector<bool> done(items.size(), false);
+  bool normed = pre == nullptr;  // (x and xq hold the norm's output)
   // q4 and q5 weights that v4 takes, at most V4_SEGS: one mixed launch (NINFER_GEMV_MERGE=2 keeps
   // one launch per format, for measurements)
   if (merge_enabled() && mixed_merge_enabled() && !f32) {
@@ -757,9 +871,18 @@ void multi_call(const tvm::ffi::AnyView* args, int32_t num_args, bool with_xq) {
         n4 += bits == 4 ? 1u : 0u;
       }
     const char* xq = with_xq ? xq_address(&xq_view, k, "ninfer_qgemv_multi_i8") : nullptr;
-    if (run_multi45(address(x), rows, k, w, ys, strides, n4, nseg, stream, xq))
+    bool ran = false;
+    if (!normed && (NINFER_V4_XQN_LAUNCHES & 1) && rows == 1 && k <= kXqnMaxK && int8_enabled())
+      ran = normed = run_multi45(address(x), rows, k, w, ys, strides, n4, nseg, stream, nullptr, pre);
+    if (!ran && !normed) {
+      norm_xq_launch(*pre, rows, k, stream);
+      normed = true;
+    }
+    if (!ran) ran = run_multi45(address(x), rows, k, w, ys, strides, n4, nseg, stream, xq);
+    if (ran)
       for (uint32_t s = 0; s < nseg; ++s) done[picked[s]] = true;
   }
+  if (!normed) norm_xq_launch(*pre, rows, k, stream);
   for (size_t p = 0; p < items.size(); ++p) {
     if (done[p]) continue;
     if (!merge_enabled() || !v4_fits(f32, items[p].bits, items[p].w, k)) {
@@ -801,6 +924,34 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_multi_i8(void*, const T
   TVM_FFI_SAFE_CALL_END();
 }
 
+// (x, nw, eps, offset, n_out, n_0 .., per weight: bits, base, high, scales, then yn, xq, y_0 ..): the
+// multi_i8 call on the decode norm of x (`ninfer_rms_norm_xq` + `ninfer_qgemv_multi_i8` in one call),
+// whose output yn and int8 activations xq come first among the outputs; at one row the mixed launch
+// computes the norm in its prologue (yn written, xq not: only this call reads it).
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_norm_multi_i8(void*, const TVMFFIAny* packed, int32_t num_args,
+                                                                     TVMFFIAny* result) {
+  TVM_FFI_SAFE_CALL_BEGIN();
+  using tvm::ffi::AnyView;
+  using tvm::ffi::TensorView;
+  const AnyView* a = reinterpret_cast<const AnyView*>(packed);
+  TVM_FFI_ICHECK(num_args >= 8) << "ninfer_qgemv_norm_multi_i8: too few arguments";
+  const int64_t nout = a[4].cast<int64_t>();
+  TVM_FFI_ICHECK(nout >= 1 && num_args >= 7 + nout) << "ninfer_qgemv_norm_multi_i8: bad n_out";
+  const int32_t yn_at = num_args - static_cast<int32_t>(nout) - 2;
+  const TensorView x = a[0].cast<TensorView>();
+  const NormIn pre = norm_in(x, a[1].cast<TensorView>(), a[2].cast<double>(), a[3].cast<double>(),
+                             a[yn_at].cast<TensorView>(), a[yn_at + 1].cast<TensorView>(), "norm_multi_i8");
+  // multi_i8's arguments: (yn, xq, n_out, ..weights.., y_0 ..)
+  std::vector<AnyView> m;
+  m.push_back(a[yn_at]);
+  m.push_back(a[yn_at + 1]);
+  for (int32_t i = 4; i < yn_at; ++i) m.push_back(a[i]);
+  for (int32_t i = yn_at + 2; i < num_args; ++i) m.push_back(a[i]);
+  multi_call(m.data(), static_cast<int32_t>(m.size()), true, &pre);
+  reinterpret_cast<tvm::ffi::Any*>(result)->operator=(nullptr);
+  TVM_FFI_SAFE_CALL_END();
+}
+
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv, qgemv);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add, qgemv_add);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_swiglu, qgemv_swiglu);
@@ -810,6 +961,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add_i8, qgemv_add_i8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add_i8h, qgemv_add_i8h);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add_norm, qgemv_add_norm);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_add_norm_xq, qgemv_add_norm_xq);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(ninfer_qgemv_norm_swiglu_i8x, qgemv_norm_swiglu_i8x);
 #else
 // bf16 weights: `y[b, n] = sum_k x[b, k] * w[n, k]`, one block of 256 threads per row; with `w2`,
 // the rows of a second weight into `y2` in the same launch.

@@ -14,6 +14,7 @@ from tvm import relax
 from ..codegen.graphs import rewrite_graph_variants
 from .add_norm import fold_add_norms_pass
 from .low_batch import schedule_low_batch
+from .norm_prologue import fold_norm_prologues_pass
 
 
 def _fusion_passes() -> list[tvm.transform.Pass]:
@@ -73,8 +74,9 @@ def _lowering_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
 
 
 def _extern_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
-    """Rewrites among our CUDA externs: the decode RMS norms folded into the residual-add GEMVs."""
-    return [fold_add_norms_pass] if target.kind.name == "cuda" else []
+    """Rewrites among our CUDA externs: the decode RMS norms folded into the int8 launches reading
+    them, then (the rest) into the residual-add GEMVs producing their input."""
+    return [fold_norm_prologues_pass, fold_add_norms_pass] if target.kind.name == "cuda" else []
 
 
 def relax_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:

@@ -169,6 +169,52 @@ def test_pipeline_folds_norms_only_when_opted_in(mid_artifact, monkeypatch):
         assert calls.count("ninfer_qgemv_add_norm") + calls.count("ninfer_qgemv_add_norm_xq") == 8
 
 
+def test_decode_folds_norms_into_int8_launches(mid_artifact, monkeypatch):
+    """passes/norm_prologue.py: every decode norm whose int8 activations one launch reads (the input
+    norms' multi calls, the post-attention norms' SwiGLUs) becomes one call with it at the norm's
+    place (`ninfer_qgemv_norm_multi_i8` / `_norm_swiglu_i8x`: outputs the norm, its int8 activations,
+    then the launch's), taking the norm's input and parameters and the launch's weights; what read
+    the norm's output (the GDN step's gates, the attention) reads output 0. The final norm stays a
+    kernel, the module stays well formed, prefill is untouched; the pipeline runs it only under the
+    kernel feature "gemv_norm_prologue"."""
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    import tvm
+
+    from ninfer_compiler.codegen.targets import tvm_target
+    from ninfer_compiler.passes.norm_prologue import fold_norm_prologues, fold_norm_prologues_pass
+    from ninfer_runtime import targets
+
+    mod = _export(mid_artifact)
+    before = {name: mod[name].script() for name in ("decode", "prefill")}
+    with tvm_target(targets.load("h200")):
+        assert fold_norm_prologues_pass(mod)["decode"].script() == before["decode"]  # (off by default)
+        folded, count = fold_norm_prologues(mod)
+        monkeypatch.setenv("NINFER_KERNELS", "+gemv_norm_prologue")
+        assert fold_norm_prologues_pass(mod)["decode"].script() == folded["decode"].script()
+    assert count == 8
+    tvm.relax.analysis.well_formed(folded)
+    decode = folded["decode"].script()
+    calls = _extern_calls(decode)
+    assert calls.count("ninfer_qgemv_norm_multi_i8") == 4 and calls.count("ninfer_qgemv_norm_swiglu_i8x") == 4
+    assert "ninfer_rms_norm_xq" not in calls and calls.count("ninfer_rms_norm") == 1  # the final norm
+    assert "ninfer_qgemv_multi_i8" not in calls and "ninfer_qgemv_swiglu_i8x" not in calls
+    assert calls.count("ninfer_qgemv_add_i8h") == 4  # the down projections read the SwiGLU's int8 output
+    for symbol, norms in (("ninfer_qgemv_norm_multi_i8", 4), ("ninfer_qgemv_norm_swiglu_i8x", 4)):
+        found = re.findall(rf'(\w+) = R\.call_dps_packed\("{symbol}", \((\w+), (\w+), T\.float64', decode)
+        assert len(found) == norms
+        for var, x, w in found:
+            # the norm's input: the embedding or a residual-add projection (the residual stream)
+            assert re.search(rf'{x}(: [^=]*)? = R\.call_(tir\(dequant_embedding|dps_packed\("ninfer_qgemv_add_i8)', decode), (var, x)
+            assert re.search(rf"{w}: R\.Tensor\(\(256,\)", decode), (var, w)  # the norm's weight
+    # the GDN steps read the input norms' output (their gate projections): output 0 of a fused call
+    multis = re.findall(r'(\w+) = R\.call_dps_packed\("ninfer_qgemv_norm_multi_i8"', decode)
+    outs0 = {re.search(rf"(\w+): R\.Tensor\(\(b, 1, 256\), dtype=\"bfloat16\"\) = {v}\[0\]", decode).group(1)
+             for v in multis}
+    gdn_reads = re.findall(r'R\.call_inplace_packed\("ninfer_gdn_decode\w*", ([^=]*)inplace_indices', decode)
+    assert len(gdn_reads) == 3 and all(any(o in args.split(", ") for o in outs0) for args in gdn_reads)
+    assert folded["prefill"].script() == before["prefill"]
+
+
 def test_decode_mlp_on_int8_activations(mid_artifact, monkeypatch):
     """With the kernel feature "gemv_int8_mlp" (on by default) the q4 SwiGLUs also hand their output
     to the q5 down projections as int8 activations (`ninfer_qgemv_swiglu_i8x` ->

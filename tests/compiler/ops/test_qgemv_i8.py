@@ -222,7 +222,11 @@ def test_sources_agree_on_the_layout() -> None:
     assert "q = *reinterpret_cast<const uint4*>(xq_y + r * 64u + j * 8u);" in cu
     assert "norm_xq8(o, (out0 >> 3) + j, r, n_rows, valid, e.xq_out);" in cu
     assert "v4_xq_out_cluster(e, n_rows, b_rows, (tile0 + blk * outs - cluster_rank() * outs) * 16u);" in cu
-    assert "const uint32_t cluster = NINFER_V4_XQ_CLUSTER && i8 && swiglu && xq_out != nullptr && outs16 < 64 ? 64 / outs16 : 1;" in cc
+    assert ("const uint32_t cluster = NINFER_V4_XQ_CLUSTER && i8 && !xqn && swiglu && xq_out != nullptr && outs16 < 64 ? "
+            "64 / outs16 : 1;") in cc
+    # the norm in the prologue (XQN) writes its slots as the self-quantizing entry does, from the same bytes
+    assert "v4_xq_slot(o4, unit, lane);" in cu and "norm_scale8(ld_dep16(xr + u * 32u + lane), inv, wv, o);" in cu
+    assert "v4_stage_i8<BITS, true>(ring + use, nullptr, reinterpret_cast<const float*>(xqn + (ubeg + i) * V4_XQN_UNIT + 512u)," in cu
     assert "t[0] * 254 + t[1]" in cu
     assert re.search(r"int64_t xq_bytes\(int64_t k\) \{ return k \* 8 \+ k / 256 \* 64; \}", cc)
     assert qgemv.xq_bytes(5120) == 5120 * 8 + 5120 // 256 * 64

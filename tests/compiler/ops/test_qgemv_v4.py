@@ -312,6 +312,7 @@ def test_v4_compiles_without_spills_in_loops(arch, tmp_path):
                              proc.stderr))
     v4 = {f"ninfer_qgemv4_q{b}_y{t}" for b in (4, 5, 6) for t in ("bf16", "f32")}
     v4 |= {f"ninfer_qgemv4e_q{b}_{m}" for b in (4, 5, 6) for m in ("plain", "add", "swiglu", "multi")}
+    v4 |= {"ninfer_qgemv4e_q4_swiglu_i8n", "ninfer_qgemv4e_q45_multi_i8n"}  # (the norm in the prologue)
     norms = {"ninfer_rms_norm_wf32", "ninfer_rms_norm_wbf16"}
     assert v4 | norms <= set(spills)
     assert {name: int(spills[name]) for name in norms if int(spills[name])} == {}
@@ -356,15 +357,24 @@ def test_launcher_kernel_names_exist():
     qgemv_cuda.cu's entry macros, and the launcher's V4Epi mirrors the kernel's field by field."""
     cu = qgemv.DEVICE_SOURCE.read_text()
     cc = qgemv.HOST_SOURCE.read_text()
-    assert re.search(r"constexpr int kKernels = 32 \+ 3 \+ 12 \+ 1 \+ 5 \+ 1;", cc) and re.search(r"constexpr int kKernels = 4 \+ 4;", cc)
+    assert re.search(r"constexpr int kKernels = 32 \+ 3 \+ 12 \+ 1 \+ 5 \+ 1 \+ 2 \+ 2;", cc)
+    assert re.search(r"constexpr int kKernels = 4 \+ 4;", cc)
     # the int8 entries after it (in this order, the mixed multi, then the self-quantizing q5 add), and
     # the norms that write their activations
     assert re.search(r"constexpr int kI8Index = 48;", cc) and re.search(r"constexpr int kMulti45I8Index = 52;", cc)
-    assert re.search(r"constexpr int kSelfI8Index = 53;", cc)
+    assert re.search(r"constexpr int kSelfI8Index = 53;", cc) and re.search(r"constexpr int kNormXqIndex = 54;", cc)
+    assert re.search(r"constexpr int kSwigluI8nIndex = 56;", cc) and re.search(r"constexpr int kMulti45I8nIndex = 57;", cc)
     i8 = [(4, "V4_PLAIN", "plain"), (4, "V4_SWIGLU", "swiglu"), (4, "V4_ADD", "add"), (5, "V4_ADD", "add")]
-    listed = re.search(r'const char\* names\[6\] = \{("ninfer_qgemv4e_[^}]*)\}', cc).group(1)
+    listed = re.search(r'const char\* names\[10\] = \{("ninfer_qgemv4e_[^}]*)\}', cc).group(1)
     assert re.findall(r'"(\w+)"', listed) == [f"ninfer_qgemv4e_q{b}_{t}_i8" for b, _, t in i8] + [
-        "ninfer_qgemv4e_q45_multi_i8", "ninfer_qgemv4e_q5_add_i8s"]
+        "ninfer_qgemv4e_q45_multi_i8", "ninfer_qgemv4e_q5_add_i8s", "ninfer_rms_norm_xq_wf32",
+        "ninfer_rms_norm_xq_wbf16", "ninfer_qgemv4e_q4_swiglu_i8n", "ninfer_qgemv4e_q45_multi_i8n"]
+    # the entries computing the decode norm in their prologue (XQN)
+    assert re.search(r'extern "C" __global__ void NINFER_V4_BOUNDS_I8 ninfer_qgemv4e_q4_swiglu_i8n\(', cu)
+    assert re.search(r'extern "C" __global__ void NINFER_V4_BOUNDS_I8 ninfer_qgemv4e_q45_multi_i8n\(', cu)
+    assert "v4_multi45<true, true>(" in cu and "v4_body<4, __nv_bfloat16, true, V4_SWIGLU, true, false, true>(" in cu
+    assert re.search(r"constexpr uint32_t V4_XQN_UNIT = (\d+);", cu).group(1) == re.search(
+        r"constexpr uint32_t kXqnUnitBytes = (\d+);", cc).group(1) == "528"
     assert re.search(r'extern "C" __global__ void NINFER_V4_BOUNDS_I8 ninfer_qgemv4e_q5_add_i8s\(', cu)
     assert re.search(r'extern "C" __global__ void NINFER_V4_BOUNDS_I8 ninfer_qgemv4e_q45_multi_i8\(', cu)
     assert "v4_multi45<true>(" in cu and "v4_multi45<false>(" in cu
@@ -411,7 +421,8 @@ def test_v4_launcher_builds_warning_free(tmp_path):
 
     require_tool("nvcc", "the CUDA toolkit builds device code")
     symbols = build_launcher(cuda_extern.host_source(qgemv.host_source("sm_90a"), []), tmp_path)
-    for name in ("ninfer_qgemv", "ninfer_qgemv_add", "ninfer_qgemv_swiglu", "ninfer_qgemv_multi"):
+    for name in ("ninfer_qgemv", "ninfer_qgemv_add", "ninfer_qgemv_swiglu", "ninfer_qgemv_multi",
+                 "ninfer_qgemv_norm_multi_i8", "ninfer_qgemv_norm_swiglu_i8x"):
         assert re.search(rf"\bT __tvm_ffi_{name}\b", symbols), name
 
 
@@ -549,7 +560,8 @@ def test_ring_schedule_matches_the_kernel():
     assert re.search(r"if constexpr \(S <= 2u\) \{\s*cp_async_wait<S - 1>\(\);", wait)
     assert re.search(r"\} else if \(!xst \|\| i >= S - 2u\) \{\s*cp_async_wait<S - 1>\(\);", wait)
     assert re.search(r"\} else if \(i == 0u\) \{\s*cp_async_wait<1>\(\);\s*\} else \{\s*cp_async_wait<0>\(\);", wait)
-    body = src[src.index("constexpr uint32_t ORDER = XQS ? 0u : NINFER_V4_ISSUE_AHEAD, EXTRA = ORDER == 2u ? 1u : 0u;"):]
+    body = src[src.index("constexpr uint32_t ORDER = XQS ? 0u : XQN ? NINFER_V4_XQN_ORDER : NINFER_V4_ISSUE_AHEAD, "
+                         "EXTRA = ORDER == 2u ? 1u : 0u;"):]
     prologue = body[: body.index("pdl_enter();")]
     assert "for (uint32_t i = 0; i + 1u < STAGES + EXTRA; ++i) {\n      if (i < n_units) v4_copy<BITS>" in prologue
     assert "for (uint32_t j = 0; j + 1u < STAGES + EXTRA; ++j) {" in body[: body.index("#pragma unroll 1")]
@@ -619,6 +631,8 @@ def test_issue_ahead_builds(arch, tmp_path):
         assert spilling == ({"ninfer_qgemv4e_q5_swiglu"} if (tag, arch) == (2, "sm_120a") else set())
         order[tag] = {n: o for n, o in stage_loop_order(sass).items() if n.startswith("ninfer_qgemv4")}
     assert len(order[0]) >= 20 and set(order[0].values()) == {"wait, copy, mma"}
-    kept = {"ninfer_qgemv4e_q5_add_i8s": "wait, copy, mma"}
+    # (the self-quantizing and the norm-in-the-prologue entries keep the first order)
+    kept = {n: "wait, copy, mma" for n in ("ninfer_qgemv4e_q5_add_i8s", "ninfer_qgemv4e_q4_swiglu_i8n",
+                                           "ninfer_qgemv4e_q45_multi_i8n")}
     assert order[1] == {n: "copy, wait, mma" for n in order[0]} | kept
     assert order[2] == {n: "wait, mma, copy" for n in order[0]} | kept
