@@ -83,8 +83,10 @@ KERNEL_FEATURES: dict[str, bool] = {
     "gemv_int8_multi": True,
     # the decode norms feeding those int8 launches computed in the launches' prologues at one row
     # (passes/norm_prologue.py: each block normalizes and quantizes the row itself, the norm kernel's
-    # math and summation order, so the activations are the same bytes), which takes the norm kernel's
-    # launch boundary off the step: 128 of the 27B's
+    # math and summation order, so the activations are the same bytes): exact (logits identical), but
+    # every block of every wave pays the norm's latency before its first stage, more than the norm
+    # kernel's launch boundary saves (27B decode at one request 6.993 -> 7.353 ms on an H100, 5.826 ->
+    # 6.445 on an H200; docs/kernels/decode-gemv-v4.md "twenty-second pass"), so opt-in
     "gemv_norm_prologue": False,
     # the fused GDN decode step also writes its output as int8 activations (each program owns whole
     # 64-groups: no cross-block step) and the q4 / q5 output projection reads them at <= 4 rows
