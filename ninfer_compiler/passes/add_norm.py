@@ -22,23 +22,12 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax, tirx
-from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..ops import qgemv
 from ..ops.common import kernel_feature
+from .extern_fold import fold_pairs, packed
 
 _NORMS = {qgemv.NORM_SYMBOL: qgemv.ADD_NORM_SYMBOL, qgemv.NORM_XQ_SYMBOL: qgemv.ADD_NORM_XQ_SYMBOL}
-_CALL_DPS_PACKED = "relax.call_dps_packed"
-
-
-def _packed(expr: relax.Expr) -> tuple[str, list[relax.Expr]] | None:
-    """(symbol, arguments) of a `call_dps_packed` of an extern, else None."""
-    if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == _CALL_DPS_PACKED):
-        return None
-    func, args = expr.args[0], expr.args[1]
-    if not isinstance(func, relax.ExternFunc) or not hasattr(args, "fields"):
-        return None
-    return str(func.global_symbol), list(args.fields)
 
 
 def _pairs(block: relax.DataflowBlock, params: set[relax.Var]) -> dict[relax.Var, relax.VarBinding]:
@@ -49,7 +38,7 @@ def _pairs(block: relax.DataflowBlock, params: set[relax.Var]) -> dict[relax.Var
     found: dict[relax.Var, relax.VarBinding] = {}
     for i, b in enumerate(block.bindings):
         defined[b.var] = i
-        call = _packed(b.value) if isinstance(b, relax.VarBinding) else None
+        call = packed(b.value) if isinstance(b, relax.VarBinding) else None
         if call is None:
             continue
         symbol, args = call
@@ -63,70 +52,16 @@ def _pairs(block: relax.DataflowBlock, params: set[relax.Var]) -> dict[relax.Var
     return found
 
 
-@mutator
-class _FoldNorms(PyExprMutator):
-    """Emits the fused call at each folded add's binding and drops the norm's (its var remapped)."""
-
-    def __init__(self, mod: tvm.IRModule, params: set[relax.Var]) -> None:
-        super().__init__(mod)
-        self.params = params
-        self.pending: dict[relax.Var, relax.VarBinding] = {}  # add var -> its norm binding
-        self.folded: set[relax.Var] = set()  # norm vars now bound to the fused call's outputs
-        self.count = 0
-
-    def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.BindingBlock:
-        self.pending = _pairs(block, self.params)
-        return super().visit_dataflow_block_(block)
-
-    def visit_binding_block_(self, block: relax.BindingBlock) -> relax.BindingBlock:
-        self.pending = {}  # (outside dataflow blocks nothing is folded)
-        return super().visit_binding_block_(block)
-
-    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-        if binding.var in self.folded:
-            return  # the norm: its var is remapped to the fused call's outputs
-        norm = self.pending.get(binding.var)
-        if norm is None:
-            super().visit_var_binding_(binding)
-            return
-        _, add_args = _packed(binding.value)
-        symbol, norm_args = _packed(norm.value)
-        args = [self.visit_expr(a) for a in add_args + norm_args[1:]]
-        norm_ty = norm.var.ty
-        outs = [binding.var.ty, *(norm_ty.fields if isinstance(norm_ty, relax.TupleType) else [norm_ty])]
-        fused = self.builder_.emit(relax.op.call_dps_packed(_NORMS[symbol], relax.Tuple(args), outs), "add_norm")
-        # (a var that leaves the dataflow block stays an output var)
-        emit = self.builder_.emit if isinstance(binding.var, relax.DataflowVar) else self.builder_.emit_output
-        y = emit(relax.TupleGetItem(fused, 0), binding.var.name)
-        self.set_var_remap(binding.var, y)
-        emit = self.builder_.emit if isinstance(norm.var, relax.DataflowVar) else self.builder_.emit_output
-        if isinstance(norm_ty, relax.TupleType):
-            n = emit(relax.Tuple([relax.TupleGetItem(fused, i + 1) for i in range(len(outs) - 1)]), norm.var.name)
-        else:
-            n = emit(relax.TupleGetItem(fused, 1), norm.var.name)
-        self.set_var_remap(norm.var, n)
-        self.folded.add(norm.var)
-        self.count += 1
+def _fuse(add: relax.VarBinding, norm: relax.VarBinding) -> tuple[str, list[relax.Expr]]:
+    """The fused call: the add's arguments, then the norm's but its input (the add's output)."""
+    _, add_args = packed(add.value)
+    symbol, norm_args = packed(norm.value)
+    return _NORMS[symbol], add_args + norm_args[1:]
 
 
 def fold_add_norms(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     """`mod` with every foldable (residual-add GEMV, RMS norm) pair as one call; the pairs folded."""
-    total, updates = 0, {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function):
-            continue
-        folder = _FoldNorms(mod, set(func.params))
-        new = folder.visit_expr(func)
-        if folder.count:
-            updates[gv] = new
-            total += folder.count
-    if updates:
-        mod = mod.clone()  # (the caller's module stays as it was)
-    for gv, func in updates.items():
-        mod.update_func(gv, func)
-    if total:  # the norms' (n, xq) tuples and their items become direct uses of the fused outputs
-        mod = relax.transform.CanonicalizeBindings()(mod)
-    return mod, total
+    return fold_pairs(mod, _pairs, _fuse, "add_norm")
 
 
 @tvm.transform.module_pass(opt_level=0, name="NinferFoldAddNorms")

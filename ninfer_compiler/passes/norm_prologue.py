@@ -21,24 +21,13 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
-from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..ops import qgemv
 from ..ops.common import kernel_feature
+from .extern_fold import fold_pairs, packed
 
 _CONSUMERS = {qgemv.MULTI_I8_SYMBOL: qgemv.NORM_MULTI_I8_SYMBOL,
               qgemv.SWIGLU_I8X_SYMBOL: qgemv.NORM_SWIGLU_I8X_SYMBOL}
-_CALL_DPS_PACKED = "relax.call_dps_packed"
-
-
-def _packed(expr: relax.Expr) -> tuple[str, list[relax.Expr]] | None:
-    """(symbol, arguments) of a `call_dps_packed` of an extern, else None."""
-    if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == _CALL_DPS_PACKED):
-        return None
-    func, args = expr.args[0], expr.args[1]
-    if not isinstance(func, relax.ExternFunc) or not hasattr(args, "fields"):
-        return None
-    return str(func.global_symbol), list(args.fields)
 
 
 def _var_uses(block: relax.DataflowBlock) -> dict[relax.Var, int]:
@@ -72,7 +61,7 @@ def _pairs(block: relax.DataflowBlock, params: set[relax.Var]) -> dict[relax.Var
                 and value.tuple_value in norms:
             items[b.var] = (value.tuple_value, int(value.index))
             continue
-        call = _packed(value)
+        call = packed(value)
         if call is None:
             continue
         symbol, args = call
@@ -92,71 +81,16 @@ def _pairs(block: relax.DataflowBlock, params: set[relax.Var]) -> dict[relax.Var
     return found
 
 
-@mutator
-class _FoldNorms(PyExprMutator):
-    """Emits the fused call at each folded norm's binding and drops the launch's (its var remapped)."""
-
-    def __init__(self, mod: tvm.IRModule, params: set[relax.Var]) -> None:
-        super().__init__(mod)
-        self.params = params
-        self.pending: dict[relax.Var, relax.VarBinding] = {}  # norm var -> its launch binding
-        self.folded: set[relax.Var] = set()  # launch vars now bound to the fused call's outputs
-        self.count = 0
-
-    def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.BindingBlock:
-        self.pending = _pairs(block, self.params)
-        return super().visit_dataflow_block_(block)
-
-    def visit_binding_block_(self, block: relax.BindingBlock) -> relax.BindingBlock:
-        self.pending = {}  # (outside dataflow blocks nothing is folded)
-        return super().visit_binding_block_(block)
-
-    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-        if binding.var in self.folded:
-            return  # the launch: its var is remapped to the fused call's outputs
-        launch = self.pending.get(binding.var)
-        if launch is None:
-            super().visit_var_binding_(binding)
-            return
-        _, norm_args = _packed(binding.value)
-        symbol, launch_args = _packed(launch.value)
-        args = [self.visit_expr(a) for a in norm_args + launch_args[2:]]
-        norm_ty, launch_ty = binding.var.ty, launch.var.ty
-        launch_fields = list(launch_ty.fields) if isinstance(launch_ty, relax.TupleType) else [launch_ty]
-        outs = [*norm_ty.fields, *launch_fields]
-        fused = self.builder_.emit(relax.op.call_dps_packed(_CONSUMERS[symbol], relax.Tuple(args), outs), "norm_prologue")
-        # (a var that leaves the dataflow block stays an output var)
-        emit = self.builder_.emit if isinstance(binding.var, relax.DataflowVar) else self.builder_.emit_output
-        n = emit(relax.Tuple([relax.TupleGetItem(fused, 0), relax.TupleGetItem(fused, 1)]), binding.var.name)
-        self.set_var_remap(binding.var, n)
-        emit = self.builder_.emit if isinstance(launch.var, relax.DataflowVar) else self.builder_.emit_output
-        if isinstance(launch_ty, relax.TupleType):
-            y = emit(relax.Tuple([relax.TupleGetItem(fused, 2 + i) for i in range(len(launch_fields))]), launch.var.name)
-        else:
-            y = emit(relax.TupleGetItem(fused, 2), launch.var.name)
-        self.set_var_remap(launch.var, y)
-        self.folded.add(launch.var)
-        self.count += 1
+def _fuse(norm: relax.VarBinding, launch: relax.VarBinding) -> tuple[str, list[relax.Expr]]:
+    """The fused call: the norm's arguments, then the launch's but its two activation inputs."""
+    _, norm_args = packed(norm.value)
+    symbol, launch_args = packed(launch.value)
+    return _CONSUMERS[symbol], norm_args + launch_args[2:]
 
 
 def fold_norm_prologues(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     """`mod` with every foldable (int8 RMS norm, int8 launch) pair as one call; the pairs folded."""
-    total, updates = 0, {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function):
-            continue
-        folder = _FoldNorms(mod, set(func.params))
-        new = folder.visit_expr(func)
-        if folder.count:
-            updates[gv] = new
-            total += folder.count
-    if updates:
-        mod = mod.clone()  # (the caller's module stays as it was)
-    for gv, func in updates.items():
-        mod.update_func(gv, func)
-    if total:  # the (n, xq) tuples and their items become direct uses of the fused outputs
-        mod = relax.transform.CanonicalizeBindings()(mod)
-    return mod, total
+    return fold_pairs(mod, _pairs, _fuse, "norm_prologue")
 
 
 @tvm.transform.module_pass(opt_level=0, name="NinferFoldNormPrologues")
