@@ -409,8 +409,8 @@ bool v4_fits(bool f32, int bits, const Planes& w, int64_t k) {
 // `xq`: x also as int8 activations (the norm's xq layout, rows <= 4), or nullptr.
 // `xq_out` (SwiGLU with xq): y also as int8 activations there, written by the int8 entry (<= 4 rows).
 // `norm` (V4_ADD): y's RMS norm too, computed by the launch's last block.
-// `pre` (an int8 SwiGLU of one row, `xqn_runs`): xp is pre's output, which the launch computes itself
-// from pre's input (the XQN entry) instead of reading xq.
+// `pre` (an int8 SwiGLU of one row, K <= kXqnMaxK): xp is pre's output, which the launch computes
+// itself from pre's input (the XQN entry) instead of reading xq.
 void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Planes& w, char* yp, int64_t y_stride,
          uint32_t mode, const Planes* up, const char* residual, CUstream stream, const char* xq = nullptr,
          char* xq_out = nullptr, const NormOut* norm = nullptr, const NormIn* pre = nullptr) {
@@ -691,11 +691,12 @@ void qgemv_add_norm_xq(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::f
 
 // y = silu(x Wg^T) * (x Wu^T) (fp32 epilogue, one rounding); `xq`: x also as int8 activations (read
 // at <= 4 rows); `yq`: y also written as int8 activations for the next projection (`qgemv_add_i8`),
-// exactly when that projection reads them (`i8_runs`)
+// exactly when that projection reads them (`i8_runs`); `pre`: x is this norm's output, computed by
+// the launch itself (`run`)
 void swiglu_run(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView* xq, int64_t bits,
                 const tvm::ffi::TensorView& gb, const tvm::ffi::TensorView& gh, const tvm::ffi::TensorView& gs,
                 const tvm::ffi::TensorView& ub, const tvm::ffi::TensorView& uh, const tvm::ffi::TensorView& us,
-                const tvm::ffi::TensorView& y, const tvm::ffi::TensorView* yq) {
+                const tvm::ffi::TensorView& y, const tvm::ffi::TensorView* yq, const NormIn* pre = nullptr) {
   const int64_t k = k_of(x), n = y.shape()[y.ndim() - 1];
   const Planes g = planes(gb, gh, gs, bits, k), u = planes(ub, uh, us, bits, k);
   TVM_FFI_ICHECK(!is_f32(x) && g.n == n && u.n == n) << "ninfer_gemv: swiglu needs bf16 x and gate/up of y's rows";
@@ -708,7 +709,7 @@ void swiglu_run(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView* xq, i
         << "ninfer_gemv: swiglu_i8x needs N % 64 == 0 and N <= " << 64 * kXqGroups << ", got " << n;
   }
   run(address(x), false, x.numel() / k, k, static_cast<int>(bits), g, address(y), n, V4_SWIGLU, &u, nullptr,
-      stream_of(x), xqp, yqp);
+      stream_of(x), xqp, yqp, nullptr, pre);
 }
 
 void qgemv_add(tvm::ffi::TensorView x, tvm::ffi::TensorView base, tvm::ffi::TensorView high,
@@ -779,19 +780,10 @@ void qgemv_norm_swiglu_i8x(tvm::ffi::TensorView x, tvm::ffi::TensorView nw, doub
                            tvm::ffi::TensorView yq) {
   const NormIn pre = norm_in(x, nw, eps, offset, yn, xq, "norm_swiglu_i8x");
   const int64_t k = k_of(x), rows = x.numel() / k;
-  if ((NINFER_V4_XQN_LAUNCHES & 2) && rows == 1 && k <= kXqnMaxK && i8_runs(true, rows, static_cast<int>(bits), V4_SWIGLU)) {
-    const int64_t n = y.shape()[y.ndim() - 1];
-    const Planes g = planes(gb, gh, gs, bits, k), u = planes(ub, uh, us, bits, k);
-    TVM_FFI_ICHECK(g.n == n && u.n == n && bits == 4 && n % 64 == 0 && n / 64 <= kXqGroups)
-        << "ninfer_gemv: norm_swiglu_i8x needs q4 gate / up of y's rows, N % 64 == 0 and N <= " << 64 * kXqGroups;
-    char* yqp = const_cast<char*>(xq_address(&yq, n, "norm_swiglu_i8x's output"));
-    if (rows > NINFER_XQ_HANDOVER_ROWS) yqp = nullptr;
-    run(address(yn), false, rows, k, static_cast<int>(bits), g, address(y), n, V4_SWIGLU, &u, nullptr, stream_of(x),
-        pre.xq, yqp, nullptr, &pre);
-    return;
-  }
-  norm_xq_launch(pre, rows, k, stream_of(x));
-  swiglu_run(yn, &xq, bits, gb, gh, gs, ub, uh, us, y, &yq);
+  const bool in_prologue = (NINFER_V4_XQN_LAUNCHES & 2) && rows == 1 && k <= kXqnMaxK &&
+                           i8_runs(true, rows, static_cast<int>(bits), V4_SWIGLU);
+  if (!in_prologue) norm_xq_launch(pre, rows, k, stream_of(x));
+  swiglu_run(yn, &xq, bits, gb, gh, gs, ub, uh, us, y, &yq, in_prologue ? &pre : nullptr);
 }
 
 // The same, y also written as int8 activations `yq` for `qgemv_add_i8`
