@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGE = ROOT / ".cache" / "ninfer" / "stream-ceiling"
-PROGRAMS = ("stream_ceiling", "copy_geometry")  # <name>.cu next to this script -> STAGE / <name>
+PROGRAMS = ("stream_ceiling", "copy_geometry", "l2_window")  # <name>.cu next to this script -> STAGE / <name>
 
 
 def build() -> int:
