@@ -636,3 +636,45 @@ def test_issue_ahead_builds(arch, tmp_path):
                                            "ninfer_qgemv4e_q45_multi_i8n")}
     assert order[1] == {n: "copy, wait, mma" for n in order[0]} | kept
     assert order[2] == {n: "wait, mma, copy" for n in order[0]} | kept
+
+
+def l2_prefetch_before_wait(sass: str) -> dict[str, int]:
+    """Per function of a `cuobjdump -sass` listing: how many bulk L2 prefetches (`UBLKPF`) it has, or
+    -1 if one comes after its last PDL wait (`ACQBULK`; the mixed multi entries have a wait per
+    format's path)."""
+    out = {}
+    parts = re.split(r"\n\s+Function : (\w+)\n", sass)
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        ops = [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", body)]
+        wait = max((i for i, op in enumerate(ops) if op.startswith("ACQBULK")), default=len(ops))
+        pf = [i for i, op in enumerate(ops) if "UBLKPF" in op]
+        out[name] = -1 if any(i > wait for i in pf) else len(pf)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_l2_ahead_builds(arch, tmp_path):
+    """NINFER_V4_L2_AHEAD (a measurement switch): every PDL v4 entry asks L2 for its warp's next units
+    before its wait (base rows, scales, and the high plane for q5 / q6: 2 or 3 prefetches a lane's
+    path), none after it; the default build has none; no entry spills more in its loops."""
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    from ninfer_compiler.codegen.toolchain import nvcc_path
+
+    found = {}
+    for ahead in (0, 2):
+        cubin = tmp_path / f"l2_{ahead}.cubin"
+        proc = subprocess.run(
+            [nvcc_path(), "-cubin", "-O3", "-std=c++17", "-DNINFER_GEMV_SKIP_V2", "-DNINFER_PDL_EARLY=1",
+             f"-DNINFER_V4_L2_AHEAD={ahead}", f"-gencode=arch={arch.replace('sm_', 'compute_')},code={arch}",
+             str(qgemv.DEVICE_SOURCE), "-o", str(cubin)],
+            capture_output=True, text=True,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        sass = subprocess.run([str(_cuobjdump()), "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+        found[ahead] = (l2_prefetch_before_wait(sass), loop_local_accesses(sass))
+    assert set(found[0][0].values()) == {0}
+    v4 = {n: c for n, c in found[2][0].items() if n.startswith("ninfer_qgemv4e_")}
+    assert len(v4) >= 20 and all(c >= 2 for c in v4.values()), v4
+    assert {n: c for n, c in v4.items() if "_q4_" in n and "q45" not in n and c != 2} == {}  # base and scales
+    assert found[2][1] == found[0][1]
