@@ -21,8 +21,6 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from .l2_warm import SIGNATURE as WARM_SIGNATURE
-from .l2_warm import WarmPlanes, call_args, l2_warm, launcher_parts
 from .pdl import pdl_enter, pdl_mode
 
 if TYPE_CHECKING:
@@ -36,18 +34,12 @@ ARCHS = ("sm_90a", "sm_120a", "sm_121a")
 
 @triton.jit
 def prologue_kernel(q_raw, k_raw, v_raw, q_w, k_w, pos, inv_freq, pool, pages, lens, q_out,
-                    layer, n_tok, batch, max_pages, num_pages, eps, w0, n0, w1, n1, w2, n2,
+                    layer, n_tok, batch, max_pages, num_pages, eps,
                     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
-                    R: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr, PDL: tl.constexpr = False,
-                    WARM: tl.constexpr = False, THREADS: tl.constexpr = 128):
-    """Program (i, h): token i of the `[B, T]` block; head h < HQ is a query head, else a KV head.
-    WARM: right after the wait the grid asks L2 for the ranges `w*`, `n*` (the output projection's
-    weight planes, read after split-KV decode and the combine: ops/l2_warm.py)."""
+                    R: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr, PDL: tl.constexpr = False):
+    """Program (i, h): token i of the `[B, T]` block; head h < HQ is a query head, else a KV head."""
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
         pdl_enter(PDL)
-    if WARM:
-        l2_warm(w0, n0, w1, n1, w2, n2, tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
-                tl.num_programs(0) * tl.num_programs(1), THREADS)
     i = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     b = i // n_tok
@@ -101,21 +93,20 @@ def prologue_kernel(q_raw, k_raw, v_raw, q_w, k_w, pos, inv_freq, pool, pages, l
 
 
 def image(hq: int, hkv: int, d: int, page_size: int, rotary_dim: int, sections: tuple[int, int, int],
-          q_w_dtype: str, k_w_dtype: str, arch: str, warm: bool = False) -> KernelImage:
-    """The kernel for one attention geometry and norm-weight dtypes; `warm`: WARM."""
+          q_w_dtype: str, k_w_dtype: str, arch: str) -> KernelImage:
+    """The kernel for one attention geometry and norm-weight dtypes."""
     from .triton_aot import compile_kernel
 
     wt = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
-    warps = 2 if d <= 128 else 4
     return compile_kernel(
         prologue_kernel,
         signature={"q_raw": "*bf16", "k_raw": "*bf16", "v_raw": "*bf16", "q_w": f"*{wt[q_w_dtype]}",
                    "k_w": f"*{wt[k_w_dtype]}", "pos": "*i32", "inv_freq": "*fp32", "pool": "*bf16",
                    "pages": "*i32", "lens": "*i32", "q_out": "*bf16", "layer": "i32", "n_tok": "i32",
-                   "batch": "i32", "max_pages": "i32", "num_pages": "i32", "eps": "fp32", **WARM_SIGNATURE},
+                   "batch": "i32", "max_pages": "i32", "num_pages": "i32", "eps": "fp32"},
         constants={"HQ": hq, "HKV": hkv, "D": d, "PS": page_size, "R": rotary_dim, "S_H": sections[1],
-                   "S_W": sections[2], "PDL": pdl_mode(), "WARM": warm, "THREADS": warps * 32},
-        arch=arch, num_warps=warps, num_stages=1,
+                   "S_W": sections[2], "PDL": pdl_mode()},
+        arch=arch, num_warps=2 if d <= 128 else 4, num_stages=1,
     )
 
 
@@ -126,7 +117,7 @@ using tvm::ffi::TensorView;
 // q_out and the pool are written; the pool in place, so (call_inplace_packed) both are returned.
 tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor> prologue(
     TensorView q, TensorView k, TensorView v, TensorView q_w, TensorView k_w, TensorView pos,
-    TensorView inv_freq, TensorView pages, TensorView lens, int64_t layer, double eps, @WARM_PARAMS@
+    TensorView inv_freq, TensorView pages, TensorView lens, int64_t layer, double eps,
     tvm::ffi::Tensor q_out, tvm::ffi::Tensor pool) {
   TVM_FFI_ICHECK(q.ndim() == 3 && k.ndim() == 3 && v.ndim() == 3 && pos.ndim() == 3 && pages.ndim() == 2)
       << "@SYMBOL@: unexpected ranks";
@@ -148,10 +139,9 @@ tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor> prologue(
   int32_t b32 = static_cast<int32_t>(batch), max_pages = static_cast<int32_t>(pages.shape()[1]);
   int32_t num_pages = static_cast<int32_t>(pool.shape()[1]);
   float eps32 = static_cast<float>(eps);
-  @WARM_SETUP@
   ninfer_cuda::launch(@KERNEL@, static_cast<unsigned>(batch * n_tok), @HQ@ + @HKV@, 1,
                       {&p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8], &p[9], &p[10],
-                       &layer32, &n32, &b32, &max_pages, &num_pages, &eps32, @WARM_ARGS@},
+                       &layer32, &n32, &b32, &max_pages, &num_pages, &eps32},
                       q.device().device_id, /*pdl=*/true);
   return tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor>(q_out, pool);
 }
@@ -179,11 +169,10 @@ def attention_prologue(
     q: nn.Tensor, k: nn.Tensor, v: nn.Tensor, q_norm_w: nn.Tensor, k_norm_w: nn.Tensor, positions: nn.Tensor,
     kv_pool: nn.Tensor, page_table: nn.Tensor, seq_lens: nn.Tensor, layer: int, eps: float, *,
     num_heads: int, num_kv_heads: int, head_dim: int, page_size: int, rotary_dim: int, theta: float,
-    sections: tuple[int, int, int], warm: WarmPlanes | None = None,
+    sections: tuple[int, int, int],
 ) -> tuple[nn.Tensor, nn.Tensor]:
     """`(q [B, T, Hq, D] normed and rotated, kv_pool with this block's K/V appended)` from the
-    projections `q [B, T, Hq*D]`, `k`, `v [B, T, Hkv*D]`; `warm`: the planes the kernel asks L2 for
-    after its wait (ops/l2_warm.py)."""
+    projections `q [B, T, Hq*D]`, `k`, `v [B, T, Hkv*D]`."""
     from tvm.relax.frontend import nn
     from tvm.relax.frontend.nn import op
 
@@ -194,16 +183,16 @@ def attention_prologue(
         raise ValueError(f"mrope_section {list(sections)} must sum to rotary_dim/2 = {rotary_dim // 2}")
     arch = current_arch()
     img = image(num_heads, num_kv_heads, head_dim, page_size, rotary_dim, sections, str(q_norm_w.dtype),
-                str(k_norm_w.dtype), arch, warm=warm is not None)
+                str(k_norm_w.dtype), arch)
     tag = (f"q{num_heads}_kv{num_kv_heads}_d{head_dim}_p{page_size}_r{rotary_dim}_"
-           f"s{'x'.join(map(str, sections))}_{q_norm_w.dtype}_{k_norm_w.dtype}") + (warm.tag if warm else "")
+           f"s{'x'.join(map(str, sections))}_{q_norm_w.dtype}_{k_norm_w.dtype}")
     symbol = f"{SYMBOL}_{tag}"
     launcher = fill_launcher(LAUNCHER, {"HQ": num_heads, "HKV": num_kv_heads, "D": head_dim, "PS": page_size,
-                                        "KERNEL": f'"{img.name}"', "SYMBOL": symbol, **launcher_parts(warm)})
+                                        "KERNEL": f'"{img.name}"', "SYMBOL": symbol})
     extern(f"attention_prologue_{arch}_{tag}", {symbol: lambda *args: args[-1]}, launcher, [img])
     inv = nn.Tensor.from_const(np.ascontiguousarray(rope_inv_freq(rotary_dim, theta)))
     b, t = q.shape[0], q.shape[1]
     q_out = op.empty([b, t, num_heads, head_dim], "bfloat16", name="attention_q")
     result = inplace_call(symbol, [q, k, v, q_norm_w, k_norm_w, positions, inv, page_table, seq_lens, int(layer),
-                                   float(eps), *call_args(warm)], [q_out, kv_pool])
+                                   float(eps)], [q_out, kv_pool])
     return result[0], result[1]

@@ -114,11 +114,6 @@ KERNEL_FEATURES: dict[str, bool] = {
     # alone 6.82 against 6.86 us (docs/kernels/gdn-decode.md); in the 27B decode graph on an H100
     # 7.446 -> 7.406 ms at one request, within a run's spread (docs/performance.md, seventeenth pass)
     "gdn_step_one_row_chunked": False,
-    # the first kernel of a decode window (the short convolution before the GDN step, the attention
-    # prologue before split-KV decode) asks L2 for the output projection's weight planes right after
-    # its PDL wait, so that projection reads them from L2 while HBM would otherwise idle through the
-    # window (ops/l2_warm.py); the values are the same either way
-    "l2_warm": False,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
     # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)
     "fp8_row_triton": True,

@@ -18,7 +18,6 @@ from tvm.script import tirx as T
 from . import conv1d_decode
 from .common import SCHEDULED_ATTRS, dtype_tag, i32, kernel_flavor, placeholder_like
 from .conv1d_gpu import causal_conv1d_gpu_func
-from .l2_warm import WarmPlanes
 
 
 def causal_conv1d_func(channels: int, kernel: int, dtype: str, weight_dtype: str) -> tirx.PrimFunc:
@@ -80,15 +79,13 @@ def causal_conv1d_with_state(
     slot_ids: nn.Tensor,
     seq_lens: nn.Tensor,
     layer: int,
-    warm: WarmPlanes | None = None,
 ) -> tuple[nn.Tensor, nn.Tensor]:
     """`silu(causal_conv(x))` over `[B, T, C]`, continuing and updating `conv_state[layer]`.
 
-    Returns `(y [B, T, C], conv_state)`; the second is the in-place-updated state tensor. `warm`:
-    weight planes the decode kernel asks L2 for (ops/l2_warm.py; other paths ignore it).
+    Returns `(y [B, T, C], conv_state)`; the second is the in-place-updated state tensor.
     """
     if conv1d_decode.supported(x, weight, conv_state):  # decode on CUDA: the PDL-chained Triton kernel
-        return conv1d_decode.conv1d_decode(x, weight, conv_state, slot_ids, seq_lens, layer, warm)
+        return conv1d_decode.conv1d_decode(x, weight, conv_state, slot_ids, seq_lens, layer)
     channels = int(x.shape[-1])
     kernel = int(weight.shape[0])
     flavor = kernel_flavor()

@@ -19,10 +19,8 @@ import triton.language as tl
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
-from . import l2_warm
 from .common import dtype_tag, tuned_cuda_kernels
 from .cuda_extern import current_arch, extern, fill_launcher, inplace_call
-from .l2_warm import WarmPlanes
 from .pdl import pdl_enter, pdl_mode
 from .triton_aot import KernelImage, compile_kernel
 
@@ -32,16 +30,13 @@ MAX_TAPS = 8
 
 
 @triton.jit
-def conv1d_decode_kernel(x, w, state, slots, lens, y, layer, num_slots, w0, n0, w1, n1, w2, n2,
-                         C: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
-                         WARM: tl.constexpr = False, THREADS: tl.constexpr = 64):
+def conv1d_decode_kernel(x, w, state, slots, lens, y, layer, num_slots,
+                         C: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Program (cb, b): channels cb * BLOCK .. of sequence b; its history rows are its own.
 
     The history and the taps are read before the wait (no kernel of the step writes them: the
     history was last written by this kernel in the previous step), so under PDL those loads
-    overlap the previous kernel; `x` is read and everything is written after it.
-    WARM: right after the wait the grid asks L2 for the ranges `w*`, `n*` (the output projection's
-    weight planes, read after the GDN step: ops/l2_warm.py)."""
+    overlap the previous kernel; `x` is read and everything is written after it."""
     cb = tl.program_id(0)
     b = tl.program_id(1)
     c = cb * BLOCK + tl.arange(0, BLOCK)
@@ -56,9 +51,6 @@ def conv1d_decode_kernel(x, w, state, slots, lens, y, layer, num_slots, w0, n0, 
     w_last = tl.load(w + (K - 1) * C + c, mask=ok, other=0.0).to(tl.float32)
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
         pdl_enter(PDL)
-    if WARM:
-        l2_warm.l2_warm(w0, n0, w1, n1, w2, n2, cb + b * tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1),
-                        THREADS)
     xv = tl.load(x + b.to(tl.int64) * C + c, mask=ok, other=0.0)
     acc += w_last * xv.to(tl.float32)
     for j in tl.static_range(1, K - 1):  # shift the history by one row (rows read above)
@@ -68,19 +60,15 @@ def conv1d_decode_kernel(x, w, state, slots, lens, y, layer, num_slots, w0, n0, 
     tl.store(y + b.to(tl.int64) * C + c, out.to(y.dtype.element_ty), mask=ok)
 
 
-WARPS = 2
-
-
-def image(channels: int, taps: int, w_dtype: str, arch: str, warm: bool = False) -> KernelImage:
-    """The kernel for one channel count, tap count and weight dtype (bf16 activations and history);
-    `warm`: WARM."""
+def image(channels: int, taps: int, w_dtype: str, arch: str) -> KernelImage:
+    """The kernel for one channel count, tap count and weight dtype (bf16 activations and history)."""
     wt = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
     return compile_kernel(
         conv1d_decode_kernel,
         signature={"x": "*bf16", "w": f"*{wt[w_dtype]}", "state": "*bf16", "slots": "*i32", "lens": "*i32",
-                   "y": "*bf16", "layer": "i32", "num_slots": "i32", **l2_warm.SIGNATURE},
-        constants={"C": channels, "K": taps, "BLOCK": BLOCK, "PDL": pdl_mode(), "WARM": warm, "THREADS": WARPS * 32},
-        arch=arch, num_warps=WARPS, num_stages=1,
+                   "y": "*bf16", "layer": "i32", "num_slots": "i32"},
+        constants={"C": channels, "K": taps, "BLOCK": BLOCK, "PDL": pdl_mode()},
+        arch=arch, num_warps=2, num_stages=1,
     )
 
 
@@ -89,9 +77,8 @@ LAUNCHER = r"""
 namespace {
 using tvm::ffi::TensorView;
 // In place: `state` and `y` are both written; the function returns them (call_inplace_packed).
-// The weight planes before `y` (ops/l2_warm.py `launcher_parts`): what the kernel asks L2 for, if any.
 tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor> conv1d_decode(
-    TensorView x, TensorView w, TensorView slots, TensorView lens, int64_t layer, @WARM_PARAMS@tvm::ffi::Tensor y,
+    TensorView x, TensorView w, TensorView slots, TensorView lens, int64_t layer, tvm::ffi::Tensor y,
     tvm::ffi::Tensor state) {
   const int64_t batch = x.shape()[0];
   TVM_FFI_ICHECK(x.ndim() == 3 && x.shape()[1] == 1 && x.shape()[2] == @C@ && y.numel() == batch * @C@)
@@ -105,10 +92,9 @@ tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor> conv1d_decode(
                    reinterpret_cast<uint64_t>(ninfer_cuda::address(slots)),
                    reinterpret_cast<uint64_t>(ninfer_cuda::address(lens)), ninfer_cuda::pointer(y, "y")};
   int32_t layer32 = static_cast<int32_t>(layer), num_slots = static_cast<int32_t>(state.shape()[1]);
-  @WARM_SETUP@
   ninfer_cuda::launch(@KERNEL@, (@C@ + @BLOCK@ - 1) / @BLOCK@, static_cast<unsigned>(batch), 1,
-                      {&p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &layer32, &num_slots, @WARM_ARGS@},
-                      x.device().device_id, /*pdl=*/true);
+                      {&p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &layer32, &num_slots}, x.device().device_id,
+                      /*pdl=*/true);
   return tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor>(y, state);
 }
 }  // namespace
@@ -127,15 +113,14 @@ def supported(x: nn.Tensor, weight: nn.Tensor, conv_state: nn.Tensor) -> bool:
 
 
 def conv1d_decode(x: nn.Tensor, weight: nn.Tensor, conv_state: nn.Tensor, slot_ids: nn.Tensor,
-                  seq_lens: nn.Tensor, layer: int, warm: WarmPlanes | None = None) -> tuple[nn.Tensor, nn.Tensor]:
-    """`(silu(conv(x)) [B, 1, C], conv_state)` with `conv_state[layer]` updated in place; `warm`: the
-    planes the kernel asks L2 for after its wait (ops/l2_warm.py)."""
+                  seq_lens: nn.Tensor, layer: int) -> tuple[nn.Tensor, nn.Tensor]:
+    """`(silu(conv(x)) [B, 1, C], conv_state)` with `conv_state[layer]` updated in place."""
     channels, taps = int(x.shape[-1]), int(weight.shape[0])
-    img = image(channels, taps, str(weight.dtype), current_arch(), warm=warm is not None)
-    symbol = f"{SYMBOL}_c{channels}_k{taps}_{dtype_tag(str(weight.dtype))}" + (warm.tag if warm else "")
+    img = image(channels, taps, str(weight.dtype), current_arch())
+    symbol = f"{SYMBOL}_c{channels}_k{taps}_{dtype_tag(str(weight.dtype))}"
     launcher = fill_launcher(LAUNCHER, {"C": channels, "K": taps, "BLOCK": BLOCK, "KERNEL": f'"{img.name}"',
-                                        "SYMBOL": symbol, **l2_warm.launcher_parts(warm)})
+                                        "SYMBOL": symbol})
     extern(symbol, {symbol: lambda *args: args[-1]}, launcher, [img])
     y = op.empty([x.shape[0], 1, channels], "bfloat16", name="conv1d_decode_out")
-    result = inplace_call(symbol, [x, weight, slot_ids, seq_lens, layer, *l2_warm.call_args(warm)], [y, conv_state])
+    result = inplace_call(symbol, [x, weight, slot_ids, seq_lens, layer], [y, conv_state])
     return result[0], result[1]

@@ -578,12 +578,6 @@ NINFER_QGEMV3(6, float, f32)
 #ifndef NINFER_V4_XQN_ORDER
 #define NINFER_V4_XQN_ORDER 0
 #endif
-// Measurement switch: before its PDL wait each warp also asks L2 (bulk prefetches) for this many
-// units of its range past the ring's prologue (`v4_l2_ahead`; 0: none), so the resident-early
-// blocks of a launch behind a latency-bound kernel start its weight stream during that kernel
-#ifndef NINFER_V4_L2_AHEAD
-#define NINFER_V4_L2_AHEAD 0
-#endif
 #ifndef NINFER_V4_CP_HINT  // e.g. ".L2::256B" (an L2 prefetch size for the 16-byte copies)
 #define NINFER_V4_CP_HINT ""
 #endif
@@ -675,32 +669,6 @@ __device__ __forceinline__ V4Lane v4_lane(const uint8_t* __restrict__ base, cons
   l.scales = reinterpret_cast<const uint8_t*>(scales + (row0 + (lane >> 1)) * groups + 2u * (lane & 1u)) + u * 8u;
   l.dscale = V4<BITS>::BASE + V4<BITS>::HIGH + lane * 4u;
   return l;
-}
-
-// Asks L2 for units [u0, u1) of a warp's 16 weight rows from `row0` (bulk prefetches: the copy
-// engine fetches, nothing is held): lanes 0-15 base row `lane`, lanes 16-31 row `lane - 16`'s scales
-// (widened to 16-byte bounds, which stay inside the plane: it starts 16-byte aligned and its size is
-// a multiple of 16) and q5 / q6 high bytes.
-template <int BITS>
-__device__ __forceinline__ void v4_l2_ahead(const uint8_t* base, const uint8_t* high, const __half* scales,
-                                            uint32_t row0, uint32_t groups, uint32_t u0, uint32_t u1,
-                                            uint32_t lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (u1 <= u0) return;
-  const uint32_t n = u1 - u0, r = row0 + (lane & 15u);
-  if (lane < 16u) {
-    const uint8_t* p = base + static_cast<size_t>(r) * (groups * 32u) + u0 * 128u;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n * 128u) : "memory");
-    return;
-  }
-  const uintptr_t s0 = reinterpret_cast<uintptr_t>(scales + static_cast<size_t>(r) * groups) + u0 * 8u;
-  const uintptr_t a = s0 & ~uintptr_t{15}, b = (s0 + n * 8u + 15u) & ~uintptr_t{15};
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(static_cast<uint32_t>(b - a)) : "memory");
-  if (BITS != 4) {
-    const uint8_t* p = high + static_cast<size_t>(r) * (groups * V4<BITS>::HB) + u0 * 4u * V4<BITS>::HB;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n * 4u * V4<BITS>::HB) : "memory");
-  }
-#endif
 }
 
 // Copies the lane's pieces of its current unit into the slot at shared address `slot`, then moves
@@ -1206,10 +1174,6 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
       fill = next_slot(fill);
       cp_async_commit();
     }
-  }
-  if (NINFER_V4_L2_AHEAD > 0 && PDL && active) {
-    const uint32_t u0 = ubeg + STAGES - 1u + EXTRA, u1 = u0 + NINFER_V4_L2_AHEAD < uend ? u0 + NINFER_V4_L2_AHEAD : uend;
-    v4_l2_ahead<BITS>(base, high, scales, row0, groups, u0, u1, lane);
   }
   if (PDL) {  // the weight copies above do not depend on the previous kernel; nothing else before here does
     pdl_enter();

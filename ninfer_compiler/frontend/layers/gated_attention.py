@@ -11,19 +11,12 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 from ...ops import attention_prologue, fused_linear
-from ...ops.l2_warm import WarmPlanes
-from ...ops.linear_weight import linear_weight
 from ...ops.paged_attention import gated_paged_attention, gated_xq_supported, kv_append
 from ..options import WeightPlan
 from .linear import make_linear
 from .norms import OffsetRMSNorm
 from .rope import MRope
 
-
-def _decode_token(x: nn.Tensor) -> bool:
-    """One token per sequence, static: the decode graph."""
-    t = x.shape[1]
-    return isinstance(t, int) and t == 1
 
 class GatedAttention(nn.Module):
     """q/k-normed, MRoPE'd GQA attention whose output is gated by `sigmoid(gate)`."""
@@ -83,8 +76,6 @@ class GatedAttention(nn.Module):
                 seq_lens, layer, self.query_norm.eps, num_heads=self.num_heads,
                 num_kv_heads=self.num_kv_heads, head_dim=d, page_size=page_size,
                 rotary_dim=self.rope.rotary_dim, theta=self.rope.theta, sections=self.rope.sections,
-                # at decode (kernel feature `l2_warm`): the output projection's weights asked of L2
-                warm=WarmPlanes.of(linear_weight(self.output)) if _decode_token(q) else None,
             )
         else:
             q = op.reshape(q, [b, t, self.num_heads, d])

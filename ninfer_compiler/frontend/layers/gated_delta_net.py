@@ -15,8 +15,6 @@ from ...ops import fused_linear, gdn_chunked_triton, gdn_decode_fused
 from ...ops.conv1d import causal_conv1d_with_state
 from ...ops.gated_delta_rule import gated_delta_rule
 from ...ops.gdn_gates import gdn_gates
-from ...ops.l2_warm import WarmPlanes
-from ...ops.linear_weight import linear_weight
 from ...ops.norm import l2_norm
 from ..options import WeightPlan
 from .linear import Linear, make_linear
@@ -90,11 +88,8 @@ class GatedDeltaNet(nn.Module):
                 h, [[self.query, self.key, self.value], [self.z], [self.a_projection], [self.b_projection]]
             )
             gate_input = None
-        # decode on CUDA (kernel feature `l2_warm`): the convolution asks L2 for the output
-        # projection's weights, which the GEMV after the GDN step then reads from there
-        warm = WarmPlanes.of(linear_weight(self.output)) if fused_step else None
         mixed, conv_state = causal_conv1d_with_state(
-            mixed, self.convolution, conv_state, slot_ids, seq_lens, layer, warm
+            mixed, self.convolution, conv_state, slot_ids, seq_lens, layer
         )
         if fused_step:
             # decode on CUDA: gates, norms, the rule and the gated norm in one kernel, which also

@@ -298,28 +298,3 @@ def test_decode_attention_output_on_int8_activations(mid_artifact, monkeypatch):
     o = re.search(rf"(\w+): R\.Tensor\(\(b, 1, \d+\), dtype=\"bfloat16\"\) = {var}\[0\]", decode).group(1)
     q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[1\]", decode).group(1)
     assert re.search(rf'"ninfer_qgemv_add_i8", \({o}, {q}, ', decode)
-
-
-def test_decode_windows_warm_the_output_projections(mid_artifact, monkeypatch):
-    """With the kernel feature "l2_warm" (ops/l2_warm.py) the first kernel of each decode window, the
-    GDN layers' short convolution and the attention prologue, takes the weight planes of the output
-    projection after the window (base, high, scales of the q5 weight) and its launcher is the
-    `_warm3` form; the output projection reads exactly those planes. Prefill's prologue and the
-    default build take none."""
-    require_tool("nvcc", "the CUDA toolkit builds device code")
-    default = _export(mid_artifact)
-    assert "_warm" not in default["decode"].script()
-    monkeypatch.setenv("NINFER_KERNELS", "+l2_warm")
-    mod = _export(mid_artifact)
-    decode, prefill = mod["decode"].script(), mod["prefill"].script()
-    assert "_warm" not in prefill and "ninfer_attention_prologue" in prefill
-    warmed = re.findall(r'R\.call_inplace_packed\("(ninfer_(?:conv1d_decode|attention_prologue)\w*_warm3)", (.*?), '
-                        r'inplace_indices', decode)
-    kinds = sorted(name.split("_")[1] for name, _ in warmed)
-    assert kinds == ["attention", "conv1d", "conv1d", "conv1d"], warmed
-    adds = re.findall(r'R\.call_dps_packed\("ninfer_qgemv_add_i8", \(([^)]*)\)', decode)
-    assert len(adds) == 4
-    for (name, args), add in zip(sorted(warmed, key=lambda w: decode.index(w[1])), adds, strict=True):
-        planes = [a.strip() for a in args.split(",")][-5:-2]  # before the two written in place
-        add_args = [a.strip() for a in add.split(",")]
-        assert planes == add_args[2:5], (name, planes, add_args)  # base, high, scales of the projection

@@ -45,8 +45,7 @@ def test_interpreter_matches_conv1d_semantics_over_steps():
         x = bf16(rng.standard_normal((B, C)))
         y = torch.full((B, C), float("nan"), dtype=torch.float32)  # fp32: the interpreter truncates bf16
         before = state.clone()
-        no_warm = (x, 0, x, 0, x, 0)  # WARM off: the planes are not read
-        kernel[(-(-C // BLOCK), B)](x, w, state, slots, lens, y, 1, S, *no_warm, C=C, K=K, BLOCK=BLOCK)
+        kernel[(-(-C // BLOCK), B)](x, w, state, slots, lens, y, 1, S, C=C, K=K, BLOCK=BLOCK)
         ref_y, ref_state = reference(x.double().numpy(), w.double().numpy(), before.double().numpy(),
                                      slots.numpy(), lens.numpy(), 1)
         np.testing.assert_allclose(y.double().numpy(), ref_y, rtol=1e-5, atol=1e-5)
