@@ -70,6 +70,11 @@ KERNEL_FEATURES: dict[str, bool] = {
     # decode graph 6.485 -> 6.287 ms of GPU time per step at one request (docs/kernels/decode-gemv-v4.md,
     # "ninth pass", "thirteenth pass")
     "gemv_int8_mlp": True,
+    # ... with the SwiGLU's output quantized by a small PDL-chained kernel of its own
+    # (ops/xq_quantize.py: programs own whole 64-groups) instead of the SwiGLU's in-kernel handover
+    # (fence, count-in, the group's last block quantizing), and read as int8 by the down projection
+    # at <= 4 rows
+    "gemv_int8_mlp_kernel": False,
     # decode RMS norms folded into the residual-add GEMV producing their input (passes/add_norm.py:
     # the GEMV's last block normalizes its output rows): exact, but the last block's norm is slower
     # than the norm kernel it replaces (27B decode 7.26 -> 7.71 ms at one request, 9.21 -> 12.08 at

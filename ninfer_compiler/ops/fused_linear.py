@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
-from . import qgemm, qgemv
-from .common import tuned_cuda_kernels
+from . import qgemm, qgemv, xq_quantize
+from .common import kernel_feature, tuned_cuda_kernels
 from .linear_weight import LinearWeight, linear_weight
 
 
@@ -126,13 +126,20 @@ def norm_mlp_add(x: nn.Tensor, norm_weight: nn.Tensor, eps: float, offset: bool,
                  down: nn.Module) -> nn.Tensor | None:
     """`x + down(swiglu(rms_norm(x), gate, up))` with int8 activations between all three kernels at
     decode (the norm's for the q4 gate / up, the SwiGLU's for the q4 / q5 down:
-    `qgemv.mlp_int8_supported`), else None (the caller composes `norm_swiglu` and `linear_add`)."""
+    `qgemv.mlp_int8_supported`; under the kernel feature "gemv_int8_mlp_kernel" quantized by
+    `xq_quantize` rather than by the SwiGLU), else None (the caller composes `norm_swiglu` and
+    `linear_add`)."""
     if not _decode_shaped(x) or not tuned_cuda_kernels():
         return None
     wg, wu, wd = linear_weight(gate), linear_weight(up), linear_weight(down)
     if not qgemv.mlp_int8_supported(x, norm_weight, wg, wu, wd):
         return None
     xn, xq = qgemv.rms_norm_xq(x, norm_weight, eps, offset)
+    if kernel_feature("gemv_int8_mlp_kernel"):
+        # the SwiGLU's output (N % 256 == 0: mlp_int8_supported) quantized by a kernel of its own
+        # between the two launches, at <= 4 rows, instead of by the SwiGLU's last blocks at one row
+        h = qgemv.gemv_swiglu(xn, wg, wu, xq)
+        return qgemv.gemv_add_i8(h, xq_quantize.xq_quantize(h), wd, x)
     h, hq = qgemv.gemv_swiglu_xq(xn, wg, wu, xq)
     return qgemv.gemv_add_i8(h, hq, wd, x, handover=True)
 

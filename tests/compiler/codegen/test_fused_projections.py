@@ -298,3 +298,22 @@ def test_decode_attention_output_on_int8_activations(mid_artifact, monkeypatch):
     o = re.search(rf"(\w+): R\.Tensor\(\(b, 1, \d+\), dtype=\"bfloat16\"\) = {var}\[0\]", decode).group(1)
     q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[1\]", decode).group(1)
     assert re.search(rf'"ninfer_qgemv_add_i8", \({o}, {q}, ', decode)
+
+
+def test_decode_mlp_int8_by_a_quantize_kernel(mid_artifact, monkeypatch):
+    """With the kernel feature "gemv_int8_mlp_kernel" each MLP's SwiGLU writes bf16 only
+    (`ninfer_qgemv_swiglu_i8`), a quantize kernel turns its output into int8 activations
+    (`ninfer_xq_quantize_k512`, in place on a fresh buffer) and the down projection reads both
+    (`ninfer_qgemv_add_i8`, not the handover entry)."""
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    monkeypatch.setenv("NINFER_KERNELS", "+gemv_int8_mlp_kernel")
+    decode = _export(mid_artifact)["decode"].script()
+    calls = _extern_calls(decode)
+    assert calls.count("ninfer_qgemv_swiglu_i8") == 4 and "ninfer_qgemv_swiglu_i8x" not in calls
+    assert "ninfer_qgemv_add_i8h" not in calls and calls.count("ninfer_qgemv_add_i8") == 8  # + 3 GDN, 1 attention
+    swiglus = re.findall(r'(\w+) = R\.call_dps_packed\("ninfer_qgemv_swiglu_i8"', decode)
+    quants = re.findall(r'(\w+): R\.Tensor\(\(\d+,\), dtype="uint8"\) = R\.call_inplace_packed\("ninfer_xq_quantize_k512", '
+                        r'(\w+), ', decode)
+    assert len(swiglus) == len(quants) == 4 and [y for _, y in quants] == swiglus
+    for q, y in quants:
+        assert re.search(rf'"ninfer_qgemv_add_i8", \({y}, {q}, ', decode), (q, y)
