@@ -71,10 +71,12 @@ KERNEL_FEATURES: dict[str, bool] = {
     # "ninth pass", "thirteenth pass")
     "gemv_int8_mlp": True,
     # ... with the SwiGLU's output quantized by a small PDL-chained kernel of its own
-    # (ops/xq_quantize.py: programs own whole 64-groups) instead of the SwiGLU's in-kernel handover
-    # (fence, count-in, the group's last block quantizing), and read as int8 by the down projection
-    # at <= 4 rows
-    "gemv_int8_mlp_kernel": False,
+    # (ops/xq_quantize.py: its programs own whole 64-groups) instead of the SwiGLU's in-kernel
+    # handover (fence, count-in, the group's last block reloading and quantizing): the SwiGLU 38.5
+    # -> 34.4 us of advance a launch, the quantize kernel 1.9, the down projection unchanged; 27B
+    # decode on an H100 7.012 -> 6.833 ms of GPU time per step at one request (bench 6.992 -> 6.860),
+    # logits within 4.65e-3 (docs/performance.md, twenty-third pass)
+    "gemv_int8_mlp_kernel": True,
     # decode RMS norms folded into the residual-add GEMV producing their input (passes/add_norm.py:
     # the GEMV's last block normalizes its output rows): exact, but the last block's norm is slower
     # than the norm kernel it replaces (27B decode 7.26 -> 7.71 ms at one request, 9.21 -> 12.08 at

@@ -137,9 +137,11 @@ def norm_mlp_add(x: nn.Tensor, norm_weight: nn.Tensor, eps: float, offset: bool,
     xn, xq = qgemv.rms_norm_xq(x, norm_weight, eps, offset)
     if kernel_feature("gemv_int8_mlp_kernel"):
         # the SwiGLU's output (N % 256 == 0: mlp_int8_supported) quantized by a kernel of its own
-        # between the two launches, at <= 4 rows, instead of by the SwiGLU's last blocks at one row
+        # between the two launches, at the rows the handover entry reads it (one), instead of by
+        # the SwiGLU's last blocks
         h = qgemv.gemv_swiglu(xn, wg, wu, xq)
-        return qgemv.gemv_add_i8(h, xq_quantize.xq_quantize(h), wd, x)
+        hq = xq_quantize.xq_quantize(h, max_rows=qgemv.XQ_HANDOVER_ROWS)
+        return qgemv.gemv_add_i8(h, hq, wd, x, handover=True)
     h, hq = qgemv.gemv_swiglu_xq(xn, wg, wu, xq)
     return qgemv.gemv_add_i8(h, hq, wd, x, handover=True)
 

@@ -61,6 +61,7 @@ MULTI_I8_SYMBOL = "ninfer_qgemv_multi_i8"  # the multi launch, its mixed q4 + q5
 # one row the launch computes the norm in its prologue, else the norm kernel runs first
 NORM_MULTI_I8_SYMBOL = "ninfer_qgemv_norm_multi_i8"
 NORM_SWIGLU_I8X_SYMBOL = "ninfer_qgemv_norm_swiglu_i8x"
+XQ_HANDOVER_ROWS = 1  # qgemv_host.cc NINFER_XQ_HANDOVER_ROWS: rows at which the down projection reads the MLP's int8
 XQ_MAX_OUTPUTS = 64 * 8192  # qgemv_cuda.cu V4_XQ_GROUPS: outputs of a SwiGLU writing int8 activations
 ADD_NORM_SYMBOL = "ninfer_qgemv_add_norm"  # the residual add, then the RMS norm of its output (passes/add_norm.py)
 ADD_NORM_XQ_SYMBOL = "ninfer_qgemv_add_norm_xq"  # ... the norm also writing int8 activations

@@ -7,8 +7,9 @@ the group's last block reloads and quantizes it, ~4.7 us on every launch wave's 
 SwiGLU writes bf16 only and this kernel, PDL-chained between the two launches, quantizes the row:
 its programs own whole groups (256 outputs, 4 groups each), so no program waits for another.
 
-The bytes are `norm_xq8`'s for the same bf16 values (`xq_triton.xq_store`; layout in
-ops/qgemv_cuda.cu `v4_stage_i8`). Written at <= 4 rows, the rows the int8 entries read; above that
+The codes are `norm_xq8`'s for the same bf16 values but at exact ties, which round half up here
+(`xq_triton.xq_store`; layout in ops/qgemv_cuda.cu `v4_stage_i8`). Written at up to `max_rows` rows
+(at most 4, what the layout holds; the MLP: the rows its down projection reads int8 at); above that
 nothing is launched and the GEMV reads the bf16 row.
 """
 
@@ -52,7 +53,8 @@ LAUNCHER = r"""
 #include "ninfer_cuda.h"
 namespace {
 using tvm::ffi::TensorView;
-// In place on `xq` (uint8, K * 8 + K / 256 * 64 bytes: rows 0..3, then the scales), which it returns.
+// In place on `xq` (uint8, K * 8 + K / 256 * 64 bytes: rows 0..3, then the scales), which it returns;
+// written at <= @MAX_ROWS@ rows.
 tvm::ffi::Tensor xq_quantize(TensorView y, tvm::ffi::Tensor xq) {
   const int64_t rows = y.shape()[0];
   TVM_FFI_ICHECK(y.ndim() == 3 && y.shape()[1] == 1 && y.shape()[2] == @K@) << "@SYMBOL@: y shape";
@@ -77,14 +79,16 @@ def supported(y: nn.Tensor) -> bool:
             and k % WIDTH == 0 and str(y.dtype) == "bfloat16")
 
 
-def xq_quantize(y: nn.Tensor) -> nn.Tensor:
-    """`y [B, 1, K]` as int8 activations (uint8 `[K * 8 + K / 256 * 64]`, written at <= 4 rows)."""
+def xq_quantize(y: nn.Tensor, max_rows: int = MAX_ROWS) -> nn.Tensor:
+    """`y [B, 1, K]` as int8 activations (uint8 `[K * 8 + K / 256 * 64]`, written at <= `max_rows` rows)."""
     if not supported(y):
         raise ValueError(f"xq_quantize: needs bf16 [B, 1, K] with K % {WIDTH} == 0, got {y.dtype} {list(y.shape)}")
+    if not 1 <= max_rows <= MAX_ROWS:
+        raise ValueError(f"xq_quantize: max_rows must be 1..{MAX_ROWS}, got {max_rows}")
     k = int(y.shape[-1])
     img = image(k, current_arch())
-    symbol = f"{SYMBOL}_k{k}"
-    launcher = fill_launcher(LAUNCHER, {"K": k, "W": WIDTH, "MAX_ROWS": MAX_ROWS, "KERNEL": f'"{img.name}"',
+    symbol = f"{SYMBOL}_k{k}_r{max_rows}"
+    launcher = fill_launcher(LAUNCHER, {"K": k, "W": WIDTH, "MAX_ROWS": max_rows, "KERNEL": f'"{img.name}"',
                                         "SYMBOL": symbol})
     extern(symbol, {symbol: lambda *args: args[-1]}, launcher, [img])
     xq = op.empty([k * 8 + k // 256 * 64], "uint8", name="xq_quantize_out")

@@ -97,8 +97,9 @@ def test_decode_fuses_projections_norms_and_epilogues(tuned, reference):
     assert "ninfer_dense_gemv" not in calls and "ninfer_dense_gemv_pair" not in calls
     # every norm but the final one also writes int8 activations, which the q4 SwiGLUs and the
     # mixers' multi calls read (<= 4 rows); so do the GDN step and the attention combine for the
-    # mixers' output projections, and the SwiGLU for the down projection (at one row)
-    assert calls.count("ninfer_qgemv_swiglu_i8x") == 4 and "ninfer_qgemv_add" not in calls
+    # mixers' output projections, and a quantize kernel for the down projection (at one row)
+    assert calls.count("ninfer_qgemv_swiglu_i8") == 4 and "ninfer_qgemv_add" not in calls
+    assert decode.count('"ninfer_xq_quantize_k512_r1"') == 4
     assert calls.count("ninfer_rms_norm_xq") == 8 and "ninfer_qgemv_swiglu" not in calls
     assert calls.count("ninfer_qgemv_add_i8") == 4 and calls.count("ninfer_qgemv_add_i8h") == 4
     assert calls.count("ninfer_rms_norm") == 1  # the final norm
@@ -184,12 +185,13 @@ def test_decode_folds_norms_into_int8_launches(mid_artifact, monkeypatch):
     from ninfer_compiler.passes.norm_prologue import fold_norm_prologues, fold_norm_prologues_pass
     from ninfer_runtime import targets
 
+    monkeypatch.setenv("NINFER_KERNELS", "-gemv_int8_mlp_kernel")  # (the SwiGLU's own handover, which it folds)
     mod = _export(mid_artifact)
     before = {name: mod[name].script() for name in ("decode", "prefill")}
     with tvm_target(targets.load("h200")):
         assert fold_norm_prologues_pass(mod)["decode"].script() == before["decode"]  # (off by default)
         folded, count = fold_norm_prologues(mod)
-        monkeypatch.setenv("NINFER_KERNELS", "+gemv_norm_prologue")
+        monkeypatch.setenv("NINFER_KERNELS", "+gemv_norm_prologue,-gemv_int8_mlp_kernel")
         assert fold_norm_prologues_pass(mod)["decode"].script() == folded["decode"].script()
     assert count == 8
     tvm.relax.analysis.well_formed(folded)
@@ -216,14 +218,27 @@ def test_decode_folds_norms_into_int8_launches(mid_artifact, monkeypatch):
 
 
 def test_decode_mlp_on_int8_activations(mid_artifact, monkeypatch):
-    """With the kernel feature "gemv_int8_mlp" (on by default) the q4 SwiGLUs also hand their output
-    to the q5 down projections as int8 activations (`ninfer_qgemv_swiglu_i8x` ->
-    `ninfer_qgemv_add_i8h`, which reads them at the rows the SwiGLU writes them); without it the
-    SwiGLU writes bf16 only and the down projection reads that."""
+    """With the kernel feature "gemv_int8_mlp" (on by default) the q4 SwiGLUs' output reaches the q5
+    down projections as int8 activations too (`ninfer_qgemv_add_i8h`, which reads them at the
+    handover rows): quantized by a kernel of its own under "gemv_int8_mlp_kernel" (on by default:
+    `ninfer_qgemv_swiglu_i8` writes bf16, `ninfer_xq_quantize_k512_r1` quantizes it in place on a
+    fresh buffer, the down projection reads both), else by the SwiGLU itself (`..._swiglu_i8x`);
+    without "gemv_int8_mlp" the SwiGLU writes bf16 only and the down projection reads that."""
     require_tool("nvcc", "the CUDA toolkit builds device code")
+    decode = _export(mid_artifact)["decode"].script()
+    calls = _extern_calls(decode)
+    assert calls.count("ninfer_qgemv_swiglu_i8") == 4 and "ninfer_qgemv_swiglu_i8x" not in calls
+    assert calls.count("ninfer_qgemv_add_i8h") == 4 and calls.count("ninfer_rms_norm_xq") == 8
+    swiglus = re.findall(r'(\w+) = R\.call_dps_packed\("ninfer_qgemv_swiglu_i8"', decode)
+    quants = re.findall(r'(\w+): R\.Tensor\(\(\d+,\), dtype="uint8"\) = '
+                        r'R\.call_inplace_packed\("ninfer_xq_quantize_k512_r1", (\w+), ', decode)
+    assert len(swiglus) == len(quants) == 4 and [y for _, y in quants] == swiglus
+    for q, y in quants:
+        assert re.search(rf'"ninfer_qgemv_add_i8h", \({y}, {q}, ', decode), (q, y)
+    monkeypatch.setenv("NINFER_KERNELS", "-gemv_int8_mlp_kernel")
     calls = _extern_calls(_export(mid_artifact)["decode"].script())
     assert calls.count("ninfer_qgemv_swiglu_i8x") == 4 and calls.count("ninfer_qgemv_add_i8h") == 4
-    assert "ninfer_qgemv_swiglu_i8" not in calls and calls.count("ninfer_rms_norm_xq") == 8
+    assert "ninfer_qgemv_swiglu_i8" not in calls and "ninfer_xq_quantize" not in " ".join(calls)
     monkeypatch.setenv("NINFER_KERNELS", "-gemv_int8_mlp")
     calls = _extern_calls(_export(mid_artifact)["decode"].script())
     assert calls.count("ninfer_qgemv_swiglu_i8") == 4 and calls.count("ninfer_qgemv_add") == 4
@@ -244,7 +259,7 @@ def test_decode_mixers_on_int8_activations(mid_artifact, monkeypatch):
     calls = _extern_calls(decode)
     assert calls.count("ninfer_qgemv_multi_i8") == 4 and "ninfer_qgemv_multi" not in calls
     assert calls.count("ninfer_rms_norm_xq") == 8 and calls.count("ninfer_rms_norm") == 1  # the final norm
-    assert calls.count("ninfer_qgemv_swiglu_i8x") == 4  # the MLP as by default
+    assert calls.count("ninfer_qgemv_swiglu_i8") == 4  # the MLP as by default
     for var in re.findall(r'(\w+) = R\.call_dps_packed\("ninfer_rms_norm_xq"', decode):
         n = re.search(rf"(\w+): R\.Tensor\(\(b, 1, 256\), dtype=\"bfloat16\"\) = {var}\[0\]", decode).group(1)
         q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[1\]", decode).group(1)
@@ -299,21 +314,3 @@ def test_decode_attention_output_on_int8_activations(mid_artifact, monkeypatch):
     q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[1\]", decode).group(1)
     assert re.search(rf'"ninfer_qgemv_add_i8", \({o}, {q}, ', decode)
 
-
-def test_decode_mlp_int8_by_a_quantize_kernel(mid_artifact, monkeypatch):
-    """With the kernel feature "gemv_int8_mlp_kernel" each MLP's SwiGLU writes bf16 only
-    (`ninfer_qgemv_swiglu_i8`), a quantize kernel turns its output into int8 activations
-    (`ninfer_xq_quantize_k512`, in place on a fresh buffer) and the down projection reads both
-    (`ninfer_qgemv_add_i8`, not the handover entry)."""
-    require_tool("nvcc", "the CUDA toolkit builds device code")
-    monkeypatch.setenv("NINFER_KERNELS", "+gemv_int8_mlp_kernel")
-    decode = _export(mid_artifact)["decode"].script()
-    calls = _extern_calls(decode)
-    assert calls.count("ninfer_qgemv_swiglu_i8") == 4 and "ninfer_qgemv_swiglu_i8x" not in calls
-    assert "ninfer_qgemv_add_i8h" not in calls and calls.count("ninfer_qgemv_add_i8") == 8  # + 3 GDN, 1 attention
-    swiglus = re.findall(r'(\w+) = R\.call_dps_packed\("ninfer_qgemv_swiglu_i8"', decode)
-    quants = re.findall(r'(\w+): R\.Tensor\(\(\d+,\), dtype="uint8"\) = R\.call_inplace_packed\("ninfer_xq_quantize_k512", '
-                        r'(\w+), ', decode)
-    assert len(swiglus) == len(quants) == 4 and [y for _, y in quants] == swiglus
-    for q, y in quants:
-        assert re.search(rf'"ninfer_qgemv_add_i8", \({y}, {q}, ', decode), (q, y)

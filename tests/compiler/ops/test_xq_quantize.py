@@ -55,12 +55,23 @@ def test_interpreter_writes_the_norms_bytes(rows):
     np.testing.assert_allclose(sg[:, :rows], sw[:, :rows], rtol=3e-7)
 
 
+def test_handover_rows_match_the_launcher():
+    """The rows the MLP's quantize kernel writes (qgemv.XQ_HANDOVER_ROWS) are those at which the
+    down projection's handover entry reads them (qgemv_host.cc NINFER_XQ_HANDOVER_ROWS)."""
+    import re
+
+    from ninfer_compiler.ops import qgemv
+
+    host = (qgemv.DEVICE_SOURCE.parent / "qgemv_host.cc").read_text()
+    assert int(re.search(r"#define NINFER_XQ_HANDOVER_ROWS (\d+)", host).group(1)) == qgemv.XQ_HANDOVER_ROWS
+
+
 def test_h200_library_calls_it_in_place(tmp_path):
     from ninfer_compiler.ops.xq_quantize import xq_quantize
 
     text, lib = h200_library(xq_quantize, {"y": (["b", 1, 512], "bfloat16")}, tmp_path / "model.so")
-    assert 'call_inplace_packed("ninfer_xq_quantize_k512"' in text
-    assert b"ninfer_xq_quantize_k512" in lib.read_bytes()
+    assert 'call_inplace_packed("ninfer_xq_quantize_k512_r4"' in text
+    assert b"ninfer_xq_quantize_k512_r4" in lib.read_bytes()
 
 
 def test_rejects_rows_it_cannot_split():
@@ -74,3 +85,5 @@ def test_rejects_rows_it_cannot_split():
         assert not supported(y)
         with pytest.raises(ValueError, match="xq_quantize: needs bf16"):
             xq_quantize(y)
+    with pytest.raises(ValueError, match="max_rows must be 1..4"):
+        xq_quantize(nn.Tensor.placeholder([2, 1, 512], "bfloat16"), max_rows=5)
