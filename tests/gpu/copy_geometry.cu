@@ -190,9 +190,6 @@ struct Shape {
 int main(int argc, char** argv) {
   const int reps = reps_argument(argc, argv, 9, "copy_geometry");
   if (reps < 0) return 2;
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  const int sms = prop.multiProcessorCount;
   const Shape shapes[] = {
       {"q5 out 5120x6144 (base plane)", 5120, 6144, 4, 4, 6},
       {"q5 down 5120x17408", 5120, 17408, 8, 8, 3},
@@ -208,24 +205,19 @@ int main(int argc, char** argv) {
   uint64_t most = 0;
   for (const Shape& s : shapes) most = std::max<uint64_t>(most, uint64_t(s.n) * s.k / 2);
   const int copies = int(std::max<uint64_t>(4, (600ull << 20) / most + 1));
-  uint8_t* buf;
-  CK(cudaMalloc(&buf, most * copies));
-  uint32_t* sink;
-  CK(cudaMalloc(&sink, 64));
-  fill<<<sms * 8, 512>>>(reinterpret_cast<uint32_t*>(buf), most * copies / 4);
-  CK(cudaDeviceSynchronize());
-  cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  const Rig rig = make_rig(most * copies);
+  const cudaDeviceProp& prop = rig.prop;
+  const int sms = rig.sms;
+  uint8_t* const buf = rig.buf;
+  uint32_t* const sink = rig.sink;
+  const cudaStream_t st = rig.st;
   // every mechanism runs at v4's residency: dynamic shared memory padded to 1 / per_sm of the SM's
   const int sm_smem = int(prop.sharedMemPerMultiprocessor) - 1024 * 8;  // (the per-block reserve, generously)
   for (const Mech& m : mechs) CK(cudaFuncSetAttribute(m.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prop.sharedMemPerBlockOptin)));
 
   // median us per launch of a graph of `copies` PDL-chained launches, each on its own copy
   auto time_chain = [&](auto&& launch_one) {
-    return 1e3 * graph_median_ms(st, e0, e1, reps, [&] {
+    return 1e3 * graph_median_ms(st, rig.e0, rig.e1, reps, [&] {
              for (int c = 0; c < copies; ++c) launch_one(c);
            }) / copies;
   };

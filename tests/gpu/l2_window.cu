@@ -130,24 +130,11 @@ std::vector<Launch> step() {
 int main(int argc, char** argv) {
   const int reps = reps_argument(argc, argv, 9, "l2_window");
   if (reps < 0) return 2;
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  const int sms = prop.multiProcessorCount;
   const std::vector<Launch> seq = step();
   uint64_t total = 0;
   for (const Launch& l : seq)
     if (l.read) total += l.bytes;
-  uint8_t* buf;
-  CK(cudaMalloc(&buf, total + 4096));
-  uint32_t* sink;
-  CK(cudaMalloc(&sink, 64));
-  fill<<<sms * 8, 512>>>(reinterpret_cast<uint32_t*>(buf), (total + 4096) / 4);
-  CK(cudaDeviceSynchronize());
-  cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  const Rig rig = make_rig(total + 4096);
 
   struct V {
     std::string name;
@@ -183,13 +170,13 @@ int main(int argc, char** argv) {
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
       attr[0].val.programmaticStreamSerializationAllowed = 1;
-      cfg.stream = st, cfg.attrs = attr, cfg.numAttrs = 1;
+      cfg.stream = rig.st, cfg.attrs = attr, cfg.numAttrs = 1;
       if (l.read) {
         const bool after_window = i > 0 && !seq[i - 1].read && seq[i - 1].window == 0 && seq[i - 1].blocks > 1;
         uint64_t pf = 0;
         if ((v.where & 8) || ((v.where & 4) && after_window)) pf = std::min(l.bytes, uint64_t(v.budget_mb * 1e6)) / 16 * 16;
-        cfg.gridDim = dim3(sms * 4), cfg.blockDim = dim3(512);
-        CK(cudaLaunchKernelEx(&cfg, read_proj, reinterpret_cast<const uint4*>(buf + l.off), l.bytes / 16, sink, pf,
+        cfg.gridDim = dim3(rig.sms * 4), cfg.blockDim = dim3(512);
+        CK(cudaLaunchKernelEx(&cfg, read_proj, reinterpret_cast<const uint4*>(rig.buf + l.off), l.bytes / 16, rig.sink, pf,
                               pf ? v.how : int(kNone)));
         continue;
       }
@@ -201,19 +188,19 @@ int main(int argc, char** argv) {
       if (next && l.window == 2 && (v.where & 2)) pf = uint64_t(v.budget_mb * 1e6);
       pf = std::min(pf, next ? next->bytes : 0) / 16 * 16;
       cfg.gridDim = dim3(l.blocks), cfg.blockDim = dim3(128);
-      CK(cudaLaunchKernelEx(&cfg, small, l.bytes, static_cast<const uint8_t*>(next ? buf + next->off : buf), pf,
+      CK(cudaLaunchKernelEx(&cfg, small, l.bytes, static_cast<const uint8_t*>(next ? rig.buf + next->off : rig.buf), pf,
                             pf ? v.how : int(kNone), v.before));
     }
   };
-  std::printf("device %s, %d SMs, L2 %d MB; step: %.2f GB in read launches with small kernels between\n", prop.name, sms,
-              prop.l2CacheSize >> 20, total / 1e9);
+  std::printf("device %s, %d SMs, L2 %d MB; step: %.2f GB in read launches with small kernels between\n", rig.prop.name, rig.sms,
+              rig.prop.l2CacheSize >> 20, total / 1e9);
   std::printf("%-52s %9s %9s\n", "variant", "ms/step", "vs none");
-  std::string json = "{\"device\": \"" + std::string(prop.name) + "\", \"variants\": {";
+  std::string json = "{\"device\": \"" + std::string(rig.prop.name) + "\", \"variants\": {";
   double none = 0;
   for (int round = 0; round < 2; ++round)
     for (size_t k = 0; k < vs.size(); ++k) {
       const V& v = vs[k];
-      const double t = graph_median_ms(st, e0, e1, reps, [&] { enqueue(v); });
+      const double t = graph_median_ms(rig.st, rig.e0, rig.e1, reps, [&] { enqueue(v); });
       if (v.how == kNone) none = t;
       std::printf("%-52s %9.3f %+8.2f%%%s\n", v.name.c_str(), t, 100.0 * (t / none - 1.0), round ? " (round 2)" : "");
       json += std::string(round || k ? ", " : "") + "\"" + v.name + (round ? " r2" : "") + "\": " + std::to_string(t);

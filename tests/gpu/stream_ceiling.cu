@@ -72,23 +72,15 @@ static std::vector<Launch> step_launches(bool with_small) {
 int main(int argc, char** argv) {
   const int reps = reps_argument(argc, argv, 7, "stream_ceiling");
   if (reps < 0) return 2;
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  const int sms = prop.multiProcessorCount;
   std::vector<Launch> bare = step_launches(false), full = step_launches(true);
   uint64_t total = 0;
   for (const Launch& l : bare) total += l.bytes;
-  uint8_t* buf;
-  CK(cudaMalloc(&buf, total + 4096));
-  uint32_t* sink;
-  CK(cudaMalloc(&sink, 64));
-  fill<<<sms * 8, 512>>>(reinterpret_cast<uint32_t*>(buf), (total + 4096) / 4);
-  CK(cudaDeviceSynchronize());
-  cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  const Rig rig = make_rig(total + 4096);
+  const cudaDeviceProp& prop = rig.prop;
+  const int sms = rig.sms;
+  uint8_t* const buf = rig.buf;
+  uint32_t* const sink = rig.sink;
+  const cudaStream_t st = rig.st;
 
   int blocks = sms * 4;
   const int threads = 512;  // 4 blocks per SM: 2,048 threads, 64 B in flight each
@@ -111,7 +103,7 @@ int main(int argc, char** argv) {
   };
   // median ms of one graph replay of `seq`
   auto time_seq = [&](const std::vector<Launch>& seq, int mode, uint32_t ahead) {
-    return graph_median_ms(st, e0, e1, reps, [&] {
+    return graph_median_ms(st, rig.e0, rig.e1, reps, [&] {
       uint64_t off = 0;
       for (const Launch& l : seq) {
         launch(l, off, mode, ahead);

@@ -64,6 +64,31 @@ __global__ void fill(uint32_t* p, uint64_t n) {
   }
 }
 
+// What every measurement program runs on: device 0's properties, a weight buffer of `bytes` filled
+// with nonzero data, a sink for the reads' checksums, a non-blocking stream and two events.
+struct Rig {
+  cudaDeviceProp prop;
+  int sms;
+  uint8_t* buf;
+  uint32_t* sink;
+  cudaStream_t st;
+  cudaEvent_t e0, e1;
+};
+
+inline Rig make_rig(uint64_t bytes) {
+  Rig r;
+  CK(cudaGetDeviceProperties(&r.prop, 0));
+  r.sms = r.prop.multiProcessorCount;
+  CK(cudaMalloc(&r.buf, bytes));
+  CK(cudaMalloc(&r.sink, 64));
+  fill<<<r.sms * 8, 512>>>(reinterpret_cast<uint32_t*>(r.buf), bytes / 4);
+  CK(cudaDeviceSynchronize());
+  CK(cudaStreamCreateWithFlags(&r.st, cudaStreamNonBlocking));
+  CK(cudaEventCreate(&r.e0));
+  CK(cudaEventCreate(&r.e1));
+  return r;
+}
+
 // The repetitions from argv[1] (default `fallback`), or -1 after a usage line for anything below 1.
 inline int reps_argument(int argc, char** argv, int fallback, const char* program) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : fallback;
