@@ -24,8 +24,7 @@ import tvm
 from tvm import relax, tirx
 
 from ..ops import qgemv
-from ..ops.common import kernel_feature
-from .extern_fold import fold_pairs, packed
+from .extern_fold import feature_pass, fold_pairs, joined, packed
 
 _NORMS = {qgemv.NORM_SYMBOL: qgemv.ADD_NORM_SYMBOL, qgemv.NORM_XQ_SYMBOL: qgemv.ADD_NORM_XQ_SYMBOL}
 
@@ -52,21 +51,11 @@ def _pairs(block: relax.DataflowBlock, params: set[relax.Var]) -> dict[relax.Var
     return found
 
 
-def _fuse(add: relax.VarBinding, norm: relax.VarBinding) -> tuple[str, list[relax.Expr]]:
-    """The fused call: the add's arguments, then the norm's but its input (the add's output)."""
-    _, add_args = packed(add.value)
-    symbol, norm_args = packed(norm.value)
-    return _NORMS[symbol], add_args + norm_args[1:]
-
-
 def fold_add_norms(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
-    """`mod` with every foldable (residual-add GEMV, RMS norm) pair as one call; the pairs folded."""
-    return fold_pairs(mod, _pairs, _fuse, "add_norm")
+    """`mod` with every foldable (residual-add GEMV, RMS norm) pair as one call: the add's arguments,
+    then the norm's but its input (the add's output); the pairs folded."""
+    return fold_pairs(mod, _pairs, joined(_NORMS, 1), "add_norm")
 
 
-@tvm.transform.module_pass(opt_level=0, name="NinferFoldAddNorms")
-def fold_add_norms_pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-    """The pipeline's form of `fold_add_norms` (the kernel feature "gemv_add_norm")."""
-    if not kernel_feature("gemv_add_norm"):
-        return mod
-    return fold_add_norms(mod)[0]
+# the pipeline's form of `fold_add_norms`
+fold_add_norms_pass = feature_pass(fold_add_norms, "gemv_add_norm", "NinferFoldAddNorms")

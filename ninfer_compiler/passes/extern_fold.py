@@ -4,7 +4,8 @@ first call's then the second's, and the second call's binding is dropped (its va
 
 A pass supplies `pairs(block, params)`, which maps each first call's var to the binding of the
 call folded into it (every argument of the fused call must be defined at the first call), and
-`fuse(first, second)`, the fused call's symbol and arguments.
+`fuse(first, second)`, the fused call's symbol and arguments (`joined`: the usual form), and gets
+its pipeline pass from `feature_pass`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Callable
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from ..ops.common import kernel_feature
 
 CALL_DPS_PACKED = "relax.call_dps_packed"
 Pairs = Callable[[relax.DataflowBlock, set[relax.Var]], dict[relax.Var, relax.VarBinding]]
@@ -28,6 +31,18 @@ def packed(expr: relax.Expr) -> tuple[str, list[relax.Expr]] | None:
     if not isinstance(func, relax.ExternFunc) or not hasattr(args, "fields"):
         return None
     return str(func.global_symbol), list(args.fields)
+
+
+def joined(symbols: dict[str, str], skip: int) -> Fuse:
+    """The `fuse` whose call is `symbols[the second call's symbol]` on the first call's arguments,
+    then the second's but its first `skip` (the first call's outputs it read)."""
+
+    def fuse(first: relax.VarBinding, second: relax.VarBinding) -> tuple[str, list[relax.Expr]]:
+        _, first_args = packed(first.value)
+        symbol, second_args = packed(second.value)
+        return symbols[symbol], first_args + second_args[skip:]
+
+    return fuse
 
 
 def _fields(ty: relax.Type) -> list[relax.Type]:
@@ -98,3 +113,13 @@ def fold_pairs(mod: tvm.IRModule, pairs: Pairs, fuse: Fuse, name: str) -> tuple[
     if total:  # the remapped tuples and their items become direct uses of the fused outputs
         mod = relax.transform.CanonicalizeBindings()(mod)
     return mod, total
+
+
+def feature_pass(fold: Callable[[tvm.IRModule], tuple[tvm.IRModule, int]], feature: str,
+                 name: str) -> tvm.transform.Pass:
+    """The pipeline's form of `fold`: a module pass that folds only under the kernel feature `feature`."""
+
+    def run(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return fold(mod)[0] if kernel_feature(feature) else mod
+
+    return tvm.transform.module_pass(run, opt_level=0, name=name)

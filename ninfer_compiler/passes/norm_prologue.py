@@ -23,8 +23,7 @@ import tvm
 from tvm import relax
 
 from ..ops import qgemv
-from ..ops.common import kernel_feature
-from .extern_fold import fold_pairs, packed
+from .extern_fold import feature_pass, fold_pairs, joined, packed
 
 _CONSUMERS = {qgemv.MULTI_I8_SYMBOL: qgemv.NORM_MULTI_I8_SYMBOL,
               qgemv.SWIGLU_I8X_SYMBOL: qgemv.NORM_SWIGLU_I8X_SYMBOL}
@@ -81,21 +80,11 @@ def _pairs(block: relax.DataflowBlock, params: set[relax.Var]) -> dict[relax.Var
     return found
 
 
-def _fuse(norm: relax.VarBinding, launch: relax.VarBinding) -> tuple[str, list[relax.Expr]]:
-    """The fused call: the norm's arguments, then the launch's but its two activation inputs."""
-    _, norm_args = packed(norm.value)
-    symbol, launch_args = packed(launch.value)
-    return _CONSUMERS[symbol], norm_args + launch_args[2:]
-
-
 def fold_norm_prologues(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
-    """`mod` with every foldable (int8 RMS norm, int8 launch) pair as one call; the pairs folded."""
-    return fold_pairs(mod, _pairs, _fuse, "norm_prologue")
+    """`mod` with every foldable (int8 RMS norm, int8 launch) pair as one call: the norm's arguments,
+    then the launch's but its two activation inputs; the pairs folded."""
+    return fold_pairs(mod, _pairs, joined(_CONSUMERS, 2), "norm_prologue")
 
 
-@tvm.transform.module_pass(opt_level=0, name="NinferFoldNormPrologues")
-def fold_norm_prologues_pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-    """The pipeline's form of `fold_norm_prologues` (the kernel feature "gemv_norm_prologue")."""
-    if not kernel_feature("gemv_norm_prologue"):
-        return mod
-    return fold_norm_prologues(mod)[0]
+# the pipeline's form of `fold_norm_prologues`
+fold_norm_prologues_pass = feature_pass(fold_norm_prologues, "gemv_norm_prologue", "NinferFoldNormPrologues")

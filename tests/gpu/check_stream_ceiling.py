@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """The streaming ceiling of a decode step made of one launch per projection (`stream_ceiling.cu`),
-and of one projection's bytes at the decode GEMV's launch geometry by copy mechanism
-(`copy_geometry.cu`, `--program copy_geometry`).
+of one projection's bytes at the decode GEMV's launch geometry by copy mechanism
+(`copy_geometry.cu`, `--program copy_geometry`), and of the step with L2 prefetches of the next
+projection's weights during the small kernels (`l2_window.cu`, `--program l2_window`).
 
-    .venv/bin/python tests/gpu/check_stream_ceiling.py build        # build machine: nvcc, sm_90a, both
-    python3 tests/gpu/check_stream_ceiling.py run --out $OUT [--program copy_geometry]   # GPU machine
+    .venv/bin/python tests/gpu/check_stream_ceiling.py build        # build machine: nvcc, sm_90a, all three
+    python3 tests/gpu/check_stream_ceiling.py run --out $OUT [--program copy_geometry|l2_window]   # GPU machine
 
 The program replays the Qwen3.6-27B decode step's launch sequence with kernels that only read the
 weight bytes of each projection (and spin kernels in place of the small kernels between them) in one
@@ -15,7 +16,8 @@ projection launches can get at all, before any GEMV math, i.e. what the per-laun
 (docs/performance.md, "eleventh pass"). `copy_geometry.cu` reads the 27B's mid-size projections'
 weight planes in the v4 GEMV's pattern and grid with per-lane cp.async rings, register loads and
 bulk copies (TMA) of rows or of contiguous stages, against a grid-stride read of the same bytes
-(docs/kernels/decode-gemv-v4.md, "twelfth pass").
+(docs/kernels/decode-gemv-v4.md, "twelfth pass"). `l2_window.cu`: docs/performance.md,
+"twenty-third pass".
 """
 
 from __future__ import annotations
