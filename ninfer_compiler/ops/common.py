@@ -101,6 +101,11 @@ KERNEL_FEATURES: dict[str, bool] = {
     # H200 6.561 -> 6.425 ms of GPU time per step at one request, logits within 4.7e-3 of the bf16
     # path, greedy tokens the same (docs/kernels/decode-gemv-v4.md, "thirteenth pass")
     "gemv_int8_gdn_out": True,
+    # the GDN short convolution in the epilogue of the mixer's q4 + q5 multi launch rather than a
+    # kernel of its own (ops/qgemv.py `gemv_multi_conv`: a q / k / v channel is one output row, owned
+    # by the block that reduces it; taps and history copied with the block's first stages); the
+    # convolution kernel's arithmetic and rounding
+    "gemv_multi_conv": True,
     # ... and so does the gated attention decode combine (a program owns one query head: 256
     # outputs) for the attention output projection (ops/attention_decode.py): 27B decode 6.485 ->
     # 6.470 ms of GPU time per step at one request
