@@ -103,9 +103,11 @@ KERNEL_FEATURES: dict[str, bool] = {
     "gemv_int8_gdn_out": True,
     # the GDN short convolution in the epilogue of the mixer's q4 + q5 multi launch rather than a
     # kernel of its own (ops/qgemv.py `gemv_multi_conv`: a q / k / v channel is one output row, owned
-    # by the block that reduces it; taps and history copied with the block's first stages); the
-    # convolution kernel's arithmetic and rounding
-    "gemv_multi_conv": True,
+    # by the block that reduces it; taps and history copied with the block's first stages); logits
+    # identical, but the GDN step after it then waits for its state where the convolution's launch
+    # used to cover that: 27B decode on an H100 6.875 -> 6.866 ms of GPU time per step at one request,
+    # 8.492 -> 8.531 at eight (docs/kernels/decode-gemv-v4.md "twenty-fourth pass"), so opt-in
+    "gemv_multi_conv": False,
     # ... and so does the gated attention decode combine (a program owns one query head: 256
     # outputs) for the attention output projection (ops/attention_decode.py): 27B decode 6.485 ->
     # 6.470 ms of GPU time per step at one request

@@ -92,9 +92,8 @@ def test_decode_fuses_projections_norms_and_epilogues(tuned, reference):
     # 4 layers: one multi call each (GDN q, k, v | z; attention q | gate | k | v) on the input
     # norm's int8 activations, the bf16 GDN gates a, b computed by the GDN step kernel itself (no
     # dense launch); SwiGLU per layer; residual adds of the 4 mixers and 4 MLPs
-    # (the GDN layers' calls also apply the short convolution: in place on its history)
-    assert calls.count("ninfer_qgemv_multi_i8") == 1 and "ninfer_qgemv_multi" not in calls
-    assert decode.count('R.call_inplace_packed("ninfer_qgemv_multi_i8_conv"') == 3 and "conv1d" not in decode
+    assert calls.count("ninfer_qgemv_multi_i8") == 4 and "ninfer_qgemv_multi" not in calls
+    assert decode.count('R.call_inplace_packed("ninfer_conv1d_decode_c1280_k4_bf16"') == 3
     assert decode.count('"ninfer_gdn_decode_2_6_128_128_g256_xq"') == 3
     assert "ninfer_dense_gemv" not in calls and "ninfer_dense_gemv_pair" not in calls
     # every norm but the final one also writes int8 activations, which the q4 SwiGLUs and the
@@ -152,8 +151,7 @@ def test_decode_folds_norms_into_residual_adds(mid_artifact, monkeypatch):
     for var in fused:
         n = re.search(rf"(\w+): R\.Tensor\(\(b, 1, 256\), dtype=\"bfloat16\"\) = {var}\[1\]", decode).group(1)
         q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[2\]", decode).group(1)
-        assert re.search(rf'"ninfer_qgemv_(swiglu|multi)_i8", \({n}, {q}, ', decode) or re.search(
-            rf'"ninfer_qgemv_multi_i8_conv", {n}, {q}, ', decode), var
+        assert re.search(rf'"ninfer_qgemv_(swiglu|multi)_i8", \({n}, {q}, ', decode), var
     assert mod["prefill"].script() == before["prefill"]
 
 
@@ -188,14 +186,13 @@ def test_decode_folds_norms_into_int8_launches(mid_artifact, monkeypatch):
     from ninfer_compiler.passes.norm_prologue import fold_norm_prologues, fold_norm_prologues_pass
     from ninfer_runtime import targets
 
-    # (the SwiGLU's own handover and the plain multi calls, which it folds)
-    monkeypatch.setenv("NINFER_KERNELS", "-gemv_int8_mlp_kernel,-gemv_multi_conv")
+    monkeypatch.setenv("NINFER_KERNELS", "-gemv_int8_mlp_kernel")  # (the SwiGLU's own handover, which it folds)
     mod = _export(mid_artifact)
     before = {name: mod[name].script() for name in ("decode", "prefill")}
     with tvm_target(targets.load("h200")):
         assert fold_norm_prologues_pass(mod)["decode"].script() == before["decode"]  # (off by default)
         folded, count = fold_norm_prologues(mod)
-        monkeypatch.setenv("NINFER_KERNELS", "+gemv_norm_prologue,-gemv_int8_mlp_kernel,-gemv_multi_conv")
+        monkeypatch.setenv("NINFER_KERNELS", "+gemv_norm_prologue,-gemv_int8_mlp_kernel")
         assert fold_norm_prologues_pass(mod)["decode"].script() == folded["decode"].script()
     assert count == 8
     tvm.relax.analysis.well_formed(folded)
@@ -252,16 +249,17 @@ def test_decode_mlp_on_int8_activations(mid_artifact, monkeypatch):
 def test_decode_mixers_on_int8_activations(mid_artifact, monkeypatch):
     """With the kernel feature "gemv_int8_multi" (on by default) every input norm also writes its
     output as int8 activations and the mixer's multi call reads them (`ninfer_qgemv_multi_i8`, x and
-    xq from the same norm call; with "gemv_multi_conv" the GDN layers' `..._multi_i8_conv`); without
-    it the input norms and multi calls are the bf16 forms and the convolution a kernel of its own."""
+    xq from the same norm call; with the opt-in "gemv_multi_conv" the GDN layers' `..._multi_i8_conv`);
+    without it the input norms and multi calls are the bf16 forms and the convolution a kernel of its
+    own, even with "gemv_multi_conv"."""
     require_tool("nvcc", "the CUDA toolkit builds device code")
-    monkeypatch.setenv("NINFER_KERNELS", "-gemv_int8_multi")
+    monkeypatch.setenv("NINFER_KERNELS", "-gemv_int8_multi,+gemv_multi_conv")
     decode = _export(mid_artifact)["decode"].script()
     calls = _extern_calls(decode)
     assert calls.count("ninfer_qgemv_multi") == 4 and "ninfer_qgemv_multi_i8" not in calls
     assert calls.count("ninfer_rms_norm_xq") == 4 and calls.count("ninfer_rms_norm") == 5
     assert decode.count('R.call_inplace_packed("ninfer_conv1d_decode_c1280_k4_bf16"') == 3
-    for features, plain, with_conv in (("-gemv_multi_conv", 4, 0), ("", 1, 3)):
+    for features, plain, with_conv in (("", 4, 0), ("+gemv_multi_conv", 1, 3)):
         monkeypatch.setenv("NINFER_KERNELS", features)
         decode = _export(mid_artifact)["decode"].script()
         calls = _extern_calls(decode)
@@ -277,21 +275,27 @@ def test_decode_mixers_on_int8_activations(mid_artifact, monkeypatch):
 
 
 def test_decode_gdn_convolution_in_the_multi_launch(mid_artifact, monkeypatch):
-    """With the kernel feature "gemv_multi_conv" (on by default) each GDN layer's q | k | v | z call
+    """With the kernel feature "gemv_multi_conv" (opt-in) each GDN layer's q | k | v | z call
     also applies the layer's short convolution (`ninfer_qgemv_multi_i8_conv`, in place on the
     history): it takes the layer's taps, the step's slots and lengths and the layer's index, its
     output 0 is what the GDN step reads, its history output is what the next GDN layer's call
     updates, and no convolution kernel is left; prefill keeps its convolution."""
     require_tool("nvcc", "the CUDA toolkit builds device code")
+    monkeypatch.setenv("NINFER_KERNELS", "+gemv_multi_conv")
     mod = _export(mid_artifact)
     decode = mod["decode"].script()
     found = re.findall(r'(\w+): R\.Tuple\(R\.Tensor\(\(b, 1, 1280\), dtype="bfloat16"\), R\.Tensor\(\(b, 1, 768\), '
                        r'dtype="bfloat16"\), R\.Tensor\(\(3, num_slots, 3, 1280\), dtype="bfloat16"\)\) = '
                        r'R\.call_inplace_packed\("ninfer_qgemv_multi_i8_conv", (\w+), (\w+), (\w+), slot_ids, seq_lens, '
-                       r'(\d+), 2, 3, 1, ([^=]*), (\w+), (\w+), (\w+), inplace_indices=\[25, 26, 27\]', decode)
+                       r'(\d+), (\w+), 2, 3, 1, ([^=]*), (\w+), (\w+), (\w+), inplace_indices=\[26, 27, 28\]', decode)
     assert [int(f[4]) for f in found] == [0, 1, 2], found
-    state = "conv_state"  # the function's parameter, then what each call returns
-    for var, x, xq, taps, layer, weights, y0, y1, history in found:
+    state, gdn = "conv_state", "gdn_state"  # the function's parameters, then what each call returns
+    for var, x, xq, taps, layer, gdn_in, weights, y0, y1, history in found:
+        assert gdn_in == gdn, (var, gdn_in, gdn)  # the GDN state as the step before left it (prefetched)
+        step = re.search(rf'(\w+): R\.Tuple\([^\n]*? = R\.call_inplace_packed\("ninfer_gdn_decode_\w+", [^\n]*\b{gdn}\b',
+                         decode).group(1)
+        gdn = re.search(rf"(\w+): R\.Tensor\(\(3, num_slots, 6, 128, 128\), dtype=\"float32\"\) = {step}\[2\]",
+                        decode).group(1)
         norm = re.search(rf"{x}: R\.Tensor\(\(b, 1, 256\), dtype=\"bfloat16\"\) = (\w+)\[0\]", decode).group(1)
         assert re.search(rf"{xq}: R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {norm}\[1\]", decode), var
         assert re.search(rf"{taps}: R\.Tensor\(\(4, 1280\), dtype=\"bfloat16\"\) = packed_params\[\d+\]", decode)
@@ -308,7 +312,7 @@ def test_decode_gdn_convolution_in_the_multi_launch(mid_artifact, monkeypatch):
     assert "conv1d" not in decode
     assert "ninfer_conv1d_decode" not in mod["prefill"].script()  # (prefill: the chunked form)
     assert "conv" in mod["prefill"].script()
-    monkeypatch.setenv("NINFER_KERNELS", "-gemv_multi_conv")
+    monkeypatch.delenv("NINFER_KERNELS")
     decode = _export(mid_artifact)["decode"].script()
     assert decode.count('R.call_inplace_packed("ninfer_conv1d_decode_c1280_k4_bf16"') == 3
     assert "ninfer_qgemv_multi_i8_conv" not in decode
