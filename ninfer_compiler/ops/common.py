@@ -106,7 +106,8 @@ KERNEL_FEATURES: dict[str, bool] = {
     # by the block that reduces it; taps and history copied with the block's first stages); logits
     # identical, but the GDN step after it then waits for its state where the convolution's launch
     # used to cover that: 27B decode on an H100 6.875 -> 6.866 ms of GPU time per step at one request,
-    # 8.492 -> 8.531 at eight (docs/kernels/decode-gemv-v4.md "twenty-fourth pass"), so opt-in
+    # 8.492 -> 8.531 at eight (its programs start only as the launch's blocks leave; the state
+    # prefetched into L2 did not help: docs/kernels/decode-gemv-v4.md "twenty-fourth pass"), so opt-in
     "gemv_multi_conv": False,
     # ... and so does the gated attention decode combine (a program owns one query head: 256
     # outputs) for the attention output projection (ops/attention_decode.py): 27B decode 6.485 ->

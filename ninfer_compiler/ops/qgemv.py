@@ -587,16 +587,13 @@ def multi_conv_supported(x: nn.Tensor, outputs: Sequence[Sequence[LinearWeight |
 
 
 def gemv_multi_conv(x: nn.Tensor, xq: nn.Tensor, outputs: Sequence[Sequence[LinearWeight]], conv_weight: nn.Tensor,
-                    conv_state: nn.Tensor, slot_ids: nn.Tensor, seq_lens: nn.Tensor, layer: int,
-                    gdn_state: nn.Tensor) -> tuple[nn.Tensor, ...]:
+                    conv_state: nn.Tensor, slot_ids: nn.Tensor, seq_lens: nn.Tensor,
+                    layer: int) -> tuple[nn.Tensor, ...]:
     """`gemv_multi(x, outputs, xq)` with output 0 (a GDN layer's q | k | v) through the layer's short
     convolution and SiLU (ops/conv1d_decode.py's op and rounding) in the launch's epilogue:
-    `(*outputs, conv_state)`, `conv_state[layer]` updated in place (`multi_conv_supported`). At one
-    row the launch also asks L2 for the row's slice of `gdn_state[layer]` (read, not written), which
-    the GDN step reads next."""
+    `(*outputs, conv_state)`, `conv_state[layer]` updated in place (`multi_conv_supported`)."""
     outputs = [list(ws) for ws in outputs]
-    args: list = [x, xq, conv_weight, slot_ids, seq_lens, layer, gdn_state, len(outputs),
-                  *(len(ws) for ws in outputs)]
+    args: list = [x, xq, conv_weight, slot_ids, seq_lens, layer, len(outputs), *(len(ws) for ws in outputs)]
     for ws in outputs:
         for w in ws:
             args += [w.bits, *_v4_planes(w)]

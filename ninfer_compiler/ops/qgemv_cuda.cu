@@ -918,10 +918,6 @@ struct V4Epi {
   uint32_t conv_c;
   uint32_t conv_taps;  // 2 .. V4_CONV_MAX_TAPS
   uint32_t seg_conv[V4_SEGS];  // segment s's first channel, or V4_NO_CONV
-  // with the convolution, at one row: the GDN step's state of the layer (its slot 0), whose
-  // `state_bytes` the blocks ask L2 for at their ends, a slice each (`v4_state_prefetch`), or nullptr
-  const uint8_t* state;
-  uint32_t state_bytes;
 };
 
 constexpr uint32_t V4_NO_CONV = 0xFFFFFFFFu;
@@ -1068,22 +1064,6 @@ __device__ __forceinline__ void v4_conv_fetch(const V4Epi& e, uint8_t* cvr, uint
       cp_async16_zfill(dst + u * 16u, len == 0 ? static_cast<const void*>(e.conv_w) : h, len == 0);
     }
   }
-}
-
-// The GDN step after this launch reads its state slice (3 MB a 27B layer) right after its PDL
-// wait; its programs hold whole multiprocessors, so they start only as this launch's blocks leave
-// and their loads before the wait cannot cover it. Each block asks L2 for its 1 / gridDim of the
-// slice when its stage loop is done (one bulk prefetch by one thread: a few KB, issued while the
-// launch's later blocks still stream), so the step reads the state from L2.
-__device__ __forceinline__ void v4_state_prefetch(const V4Epi& e, const uint8_t* cvr) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (e.state == nullptr || threadIdx.x != 0u) return;
-  const uint32_t piece = ((e.state_bytes + gridDim.x - 1u) / gridDim.x + 15u) & ~15u, off = blockIdx.x * piece;
-  if (off >= e.state_bytes) return;
-  const uint32_t size = min(piece, e.state_bytes - off);
-  const uint8_t* p = e.state + static_cast<size_t>(reinterpret_cast<const int32_t*>(cvr)[0]) * e.state_bytes + off;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(size) : "memory");
-#endif
 }
 
 // Output (row r of slot s's tile, activation row col) of channel ch: `v` (the projection, fp32)
@@ -1480,8 +1460,6 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
   if (I8 && swiglu && e.xq_out != nullptr && !xq_cluster)
     v4_xq_out(reinterpret_cast<const __nv_bfloat16*>(y), e, n_rows, b_rows, (tile0 + blk * outs) * 16u, outs * 16u);
   if (xq_cluster) v4_xq_out_cluster(e, n_rows, b_rows, (tile0 + blk * outs - cluster_rank() * outs) * 16u);
-  // (thread 0, of K part 0, wrote the header's row 0 slot itself when active; last: nothing else is live)
-  if (conv && active) v4_state_prefetch(e, xqn);
 }
 
 }  // namespace

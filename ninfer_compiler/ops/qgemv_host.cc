@@ -155,8 +155,6 @@ struct V4Epi {
   uint32_t conv_c;
   uint32_t conv_taps;
   uint32_t seg_conv[V4_SEGS];
-  const void* state;
-  uint32_t state_bytes;
 };
 constexpr uint32_t V4_NO_CONV = 0xFFFFFFFFu;  // qgemv_cuda.cu's
 constexpr int64_t kConvMaxTaps = 4;           // qgemv_cuda.cu V4_CONV_MAX_TAPS
@@ -170,14 +168,7 @@ struct ConvIn {
   const int32_t* slots;
   const int32_t* lens;
   uint32_t c, taps;
-  const char* state;     // the GDN step's state of the layer, slot 0 (prefetched into L2 at one row), or nullptr
-  uint32_t state_bytes;  // one slot's
 };
-// The most activation rows at which a launch with the convolution asks L2 for the GDN step's state
-// (`v4_state_prefetch`; 0: never). A measurement knob.
-#ifndef NINFER_V4_STATE_PF_ROWS
-#define NINFER_V4_STATE_PF_ROWS 1
-#endif
 
 // The convolution's part of V4Epi for the segments' weights w[0 .. nseg) (unused entries repeat the
 // last), `first[i]`: weight i's first channel or V4_NO_CONV; nothing when cv is nullptr.
@@ -190,8 +181,6 @@ void set_conv(V4Epi& e, const ConvIn* cv, const uint32_t* first, uint32_t nseg) 
   e.conv_c = cv->c;
   e.conv_taps = cv->taps;
   for (uint32_t s = 0; s < V4_SEGS; ++s) e.seg_conv[s] = first[s < nseg ? s : nseg - 1];
-  e.state = cv->state;
-  e.state_bytes = cv->state_bytes;
 }
 
 // The most any launch's convolution operands take (8 tile slots, 8 rows, the most taps).
@@ -612,7 +601,6 @@ void launch_multi(CUfunction fn, V4Epi& e, const char* xp, int64_t rows, int64_t
     if (e.conv_w != nullptr) {  // (this launch's activation rows)
       e.conv_slots = conv_slots + r0;
       e.conv_lens = conv_lens + r0;
-      if (rows > NINFER_V4_STATE_PF_ROWS) e.state = nullptr;
     }
     const void* xr = xq != nullptr ? static_cast<const void*>(xq) : static_cast<const void*>(xp + r0 * k * 2);
     void* yr = e.seg_y[0];
@@ -1030,20 +1018,19 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_norm_multi_i8(void*, co
   TVM_FFI_SAFE_CALL_END();
 }
 
-// (x, xq, conv_w, slots, lens, layer, gdn_state, n_out, n_0 .., per weight: bits, base, high, scales,
-// then y_0 .., conv_state): the multi_i8 call whose output 0 (a GDN layer's q | k | v) also goes
-// through the layer's short convolution in the launches' epilogues, `conv_state[layer]` updated in
-// place (what ops/conv1d_decode.py does after a multi launch); at one row its blocks also ask L2
-// for the row's slice of `gdn_state[layer]`, which the GDN step reads next. Returns (y_0 .., conv_state).
+// (x, xq, conv_w, slots, lens, layer, n_out, n_0 .., per weight: bits, base, high, scales, then y_0 ..,
+// conv_state): the multi_i8 call whose output 0 (a GDN layer's q | k | v) also goes through the
+// layer's short convolution in the launches' epilogues, `conv_state[layer]` updated in place (what
+// ops/conv1d_decode.py does after a multi launch); returns (y_0 .., conv_state).
 extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_multi_i8_conv(void*, const TVMFFIAny* packed, int32_t num_args,
                                                                      TVMFFIAny* result) {
   TVM_FFI_SAFE_CALL_BEGIN();
   using tvm::ffi::AnyView;
   using tvm::ffi::TensorView;
   const AnyView* a = reinterpret_cast<const AnyView*>(packed);
-  TVM_FFI_ICHECK(num_args >= 10) << "ninfer_qgemv_multi_i8_conv: too few arguments";
-  const int64_t nout = a[7].cast<int64_t>();
-  TVM_FFI_ICHECK(nout >= 1 && num_args >= 9 + nout) << "ninfer_qgemv_multi_i8_conv: bad n_out";
+  TVM_FFI_ICHECK(num_args >= 9) << "ninfer_qgemv_multi_i8_conv: too few arguments";
+  const int64_t nout = a[6].cast<int64_t>();
+  TVM_FFI_ICHECK(nout >= 1 && num_args >= 8 + nout) << "ninfer_qgemv_multi_i8_conv: bad n_out";
   const TensorView x = a[0].cast<TensorView>(), w = a[2].cast<TensorView>(), slots = a[3].cast<TensorView>(),
                    lens = a[4].cast<TensorView>(), y0 = a[num_args - 1 - nout].cast<TensorView>(),
                    state = a[num_args - 1].cast<TensorView>();
@@ -1063,22 +1050,12 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_multi_i8_conv(void*, co
       << "ninfer_qgemv_multi_i8_conv: slots and lens must be int32 with one entry per row";
   TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(address(w)) % 16 == 0 && reinterpret_cast<uintptr_t>(address(state)) % 16 == 0)
       << "ninfer_qgemv_multi_i8_conv: taps and history must be 16-byte aligned";
-  // the GDN step's state [layers, slots, ...] (fp32), prefetched into L2 at one row
-  const TensorView gdn = a[6].cast<TensorView>();
-  TVM_FFI_ICHECK(gdn.ndim() >= 3 && gdn.shape()[0] == state.shape()[0] && gdn.shape()[1] == state.shape()[1])
-      << "ninfer_qgemv_multi_i8_conv: the GDN state must be [" << state.shape()[0] << ", " << state.shape()[1] << ", ...]";
-  const int64_t slot_bytes = gdn.numel() / (gdn.shape()[0] * gdn.shape()[1]) * (gdn.dtype().bits / 8);
-  TVM_FFI_ICHECK(slot_bytes % 16 == 0 && slot_bytes < (int64_t{1} << 31) &&
-                 reinterpret_cast<uintptr_t>(address(gdn)) % 16 == 0)
-      << "ninfer_qgemv_multi_i8_conv: a GDN state slot must be 16-byte aligned and under 2 GB";
   const ConvIn cv{address(w), address(state) + layer * state.shape()[1] * (taps - 1) * c * 2,
                   reinterpret_cast<const int32_t*>(address(slots)), reinterpret_cast<const int32_t*>(address(lens)),
-                  static_cast<uint32_t>(c), static_cast<uint32_t>(taps),
-                  NINFER_V4_STATE_PF_ROWS > 0 ? address(gdn) + layer * gdn.shape()[1] * slot_bytes : nullptr,
-                  static_cast<uint32_t>(slot_bytes)};
+                  static_cast<uint32_t>(c), static_cast<uint32_t>(taps)};
   // multi_i8's arguments: (x, xq, n_out, ..weights.., y_0 ..)
   std::vector<AnyView> m{a[0], a[1]};
-  for (int32_t i = 7; i < num_args - 1; ++i) m.push_back(a[i]);
+  for (int32_t i = 6; i < num_args - 1; ++i) m.push_back(a[i]);
   if (rows > 0) multi_call(m.data(), static_cast<int32_t>(m.size()), true, nullptr, &cv);
   tvm::ffi::Array<tvm::ffi::Tensor> out;
   for (int32_t i = num_args - 1 - static_cast<int32_t>(nout); i < num_args; ++i) out.push_back(a[i].cast<tvm::ffi::Tensor>());

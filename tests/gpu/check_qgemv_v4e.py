@@ -86,7 +86,7 @@ EPI = np.dtype([("up_base", "<u8"), ("up_high", "<u8"), ("up_scales", "<u8"), ("
                 ("norm_w", "<u8"), ("norm_y", "<u8"), ("norm_xq", "<u8"), ("norm_eps", "<f4"),
                 ("norm_offset", "<f4"), ("norm_wbf16", "<u4"), ("conv_w", "<u8"), ("conv_hist", "<u8"),
                 ("conv_slots", "<u8"), ("conv_lens", "<u8"), ("conv_c", "<u4"), ("conv_taps", "<u4"),
-                ("seg_conv", "<u4", (4,)), ("state", "<u8"), ("state_bytes", "<u4")], align=True)  # = V4Epi (qgemv_cuda.cu)
+                ("seg_conv", "<u4", (4,))], align=True)  # = V4Epi (qgemv_cuda.cu)
 NO_CONV = 0xFFFFFFFF  # qgemv_cuda.cu V4_NO_CONV
 
 
@@ -643,7 +643,6 @@ def _conv_case(cp, rng, say, segs, ws, epi_of, normalize, xq, fn, fn8, smem, sme
     channels, taps, n_slots = firsts[2] + segs[2][1], 4, 11
     w16 = (rng.standard_normal((taps, channels)).astype(np.float32) * 0.5).view(np.uint32) >> 16
     w_dev = cp.asarray(w16.astype(np.uint16))
-    gdn_state = cp.zeros((n_slots, 48, 128, 128), dtype=cp.float32)  # (a 27B layer's slots)
     worst, hist_bad, z_bad = 0, 0, 0
     for b in range(1, 9):
         hist0 = (rng.standard_normal((n_slots, taps - 1, channels)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
@@ -664,8 +663,6 @@ def _conv_case(cp, rng, say, segs, ws, epi_of, normalize, xq, fn, fn8, smem, sme
                 e["conv_slots"], e["conv_lens"] = int(sl.data.ptr), int(ln.data.ptr)
                 e["conv_c"], e["conv_taps"] = channels, taps
                 e["seg_conv"][:] = firsts
-                if b == 1:  # the GDN state's L2 prefetch (no output of its own: it must only not fault)
-                    e["state"], e["state_bytes"] = int(gdn_state.data.ptr), gdn_state.nbytes // n_slots
                 extra = 64 + warps // min(ks4, ks5) * (taps + b * (taps - 1)) * 32
             if b <= 4:
                 e["x_scales"] = int(xq.data.ptr) + 8 * k

@@ -84,7 +84,7 @@ class GatedDeltaNet(nn.Module):
             # the projections' launch applies the short convolution where it can
             groups = [[self.query, self.key, self.value], [self.z]]
             projected = fused_linear.multi_linear_conv(h, groups, h_xq, self.convolution, conv_state, slot_ids,
-                                                       seq_lens, layer, gdn_state)
+                                                       seq_lens, layer)
             if projected is not None:
                 mixed, z, conv_state = projected
             else:

@@ -404,7 +404,7 @@ def test_launcher_kernel_names_exist():
     assert fields(cu) == fields(cc) == ["up_base", "up_high", "up_scales", "residual", "y_stride", "x_scales",
                                         "xq_out", "norm_w", "norm_y", "norm_xq", "norm_eps",
                                         "norm_offset", "norm_wbf16", "conv_w", "conv_hist", "conv_slots",
-                                        "conv_lens", "conv_c", "conv_taps", "state", "state_bytes"]
+                                        "conv_lens", "conv_c", "conv_taps"]
     arrays = lambda src: re.findall(r"^\s+(?:const )?\w+\*? (\w+)\[V4_SEGS\];", re.search(r"struct V4Epi \{(.*?)\};", src, re.S).group(1), re.M)  # noqa: E731
     assert arrays(cu) == arrays(cc) == ["seg_end", "seg_stride", "seg_base", "seg_high", "seg_scales", "seg_y",
                                         "seg_conv"]
