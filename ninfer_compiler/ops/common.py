@@ -101,14 +101,6 @@ KERNEL_FEATURES: dict[str, bool] = {
     # H200 6.561 -> 6.425 ms of GPU time per step at one request, logits within 4.7e-3 of the bf16
     # path, greedy tokens the same (docs/kernels/decode-gemv-v4.md, "thirteenth pass")
     "gemv_int8_gdn_out": True,
-    # the GDN short convolution in the epilogue of the mixer's q4 + q5 multi launch rather than a
-    # kernel of its own (ops/qgemv.py `gemv_multi_conv`: a q / k / v channel is one output row, owned
-    # by the block that reduces it; taps and history copied with the block's first stages); logits
-    # identical, but the GDN step after it then waits for its state where the convolution's launch
-    # used to cover that: 27B decode on an H100 6.875 -> 6.866 ms of GPU time per step at one request,
-    # 8.492 -> 8.531 at eight (its programs start only as the launch's blocks leave; the state
-    # prefetched into L2 did not help: docs/kernels/decode-gemv-v4.md "twenty-fourth pass"), so opt-in
-    "gemv_multi_conv": False,
     # ... and so does the gated attention decode combine (a program owns one query head: 256
     # outputs) for the attention output projection (ops/attention_decode.py): 27B decode 6.485 ->
     # 6.470 ms of GPU time per step at one request

@@ -86,21 +86,6 @@ def multi_linear(x: nn.Tensor, groups: Sequence[Sequence[nn.Module]], xq: nn.Ten
     return outs
 
 
-def multi_linear_conv(x: nn.Tensor, groups: Sequence[Sequence[nn.Module]], xq: nn.Tensor | None,
-                      conv_weight: nn.Tensor, conv_state: nn.Tensor, slot_ids: nn.Tensor, seq_lens: nn.Tensor,
-                      layer: int) -> tuple[nn.Tensor, ...] | None:
-    """`(*multi_linear(x, groups, xq), conv_state)` with group 0's output through a GDN layer's short
-    convolution and SiLU (`causal_conv1d_with_state` at one token) in the decode launch's epilogue,
-    `conv_state[layer]` updated in place (`qgemv.multi_conv_supported`), else None (the caller runs
-    `multi_linear` and the convolution)."""
-    if xq is None or not (_decode_shaped(x) and tuned_cuda_kernels()):
-        return None
-    weights = [[linear_weight(m) for m in g] for g in groups]
-    if not qgemv.multi_conv_supported(x, weights, conv_weight, conv_state):
-        return None
-    return qgemv.gemv_multi_conv(x, xq, weights, conv_weight, conv_state, slot_ids, seq_lens, layer)
-
-
 def norm_int8_for_multi(x: nn.Tensor, norm_weight: nn.Tensor, eps: float, offset: bool,
                         modules: Sequence[nn.Module]) -> tuple[nn.Tensor, nn.Tensor] | None:
     """`(rms_norm(x), its int8 activations)` from one decode norm kernel when the q4 + q5 projections

@@ -36,7 +36,6 @@ from pathlib import Path
 import tvm
 from tvm import relax, tirx
 from tvm.relax.frontend import nn
-from tvm.relax.frontend.nn import op
 from tvm.relax.frontend.nn.core import wrap_nested
 from tvm.relax.frontend.nn.exporter import Exporter
 
@@ -58,9 +57,6 @@ SWIGLU_I8X_SYMBOL = "ninfer_qgemv_swiglu_i8x"  # ... also writing its output as 
 ADD_I8_SYMBOL = "ninfer_qgemv_add_i8"  # the residual-add projection on int8 activations (q4 / q5)
 ADD_I8H_SYMBOL = "ninfer_qgemv_add_i8h"  # ... written by the SwiGLU (read at the rows it writes them)
 MULTI_I8_SYMBOL = "ninfer_qgemv_multi_i8"  # the multi launch, its mixed q4 + q5 part on int8 activations
-# ... its output 0 also through a GDN layer's short convolution in the launch's epilogue (history in place)
-MULTI_I8_CONV_SYMBOL = "ninfer_qgemv_multi_i8_conv"
-CONV_MAX_TAPS = 4  # qgemv_cuda.cu V4_CONV_MAX_TAPS
 # the decode norm and the launch reading its int8 activations as one call (passes/norm_prologue.py): at
 # one row the launch computes the norm in its prologue, else the norm kernel runs first
 NORM_MULTI_I8_SYMBOL = "ninfer_qgemv_norm_multi_i8"
@@ -230,7 +226,6 @@ def _extern(target: tvm.target.Target, dense: bool = False) -> nn.SourceModule:
                   SWIGLU_I8_SYMBOL: _infer_qgemv_swiglu_i8, SWIGLU_I8X_SYMBOL: _infer_qgemv_swiglu_i8x,
                   ADD_I8_SYMBOL: _infer_qgemv_add_i8, ADD_I8H_SYMBOL: _infer_qgemv_add_i8, MULTI_SYMBOL: _infer_qgemv_multi,
                   MULTI_I8_SYMBOL: _infer_qgemv_multi_i8, NORM_MULTI_I8_SYMBOL: _infer_norm_multi_i8,
-                  MULTI_I8_CONV_SYMBOL: _infer_qgemv_multi_i8,  # (called in place: `gemv_multi_conv`)
                   NORM_SWIGLU_I8X_SYMBOL: _infer_norm_swiglu_i8x,
                   ADD_NORM_SYMBOL: _infer_qgemv_add_norm, ADD_NORM_XQ_SYMBOL: _infer_qgemv_add_norm_xq})
     module = nn.SourceModule(
@@ -562,45 +557,6 @@ def gemv_multi(x: nn.Tensor, outputs: Sequence[Sequence[LinearWeight]],
         args += _v5_args(w)
     _v5_extern()  # registers the launcher
     return _call_outputs(V5_MULTI, args, _infer_v5_multi(*args))
-
-
-def multi_conv_supported(x: nn.Tensor, outputs: Sequence[Sequence[LinearWeight | None]], conv_weight: nn.Tensor,
-                         conv_state: nn.Tensor) -> bool:
-    """Whether `gemv_multi_conv` takes these (the kernel feature "gemv_multi_conv"): the norm's int8
-    activations feed the mixed q4 + q5 launch (`norm_multi_int8_supported`'s weights: q4 / q5 only, K a
-    multiple of 256), bf16 taps `[2..CONV_MAX_TAPS, C]` with C output 0's rows (a multiple of 16) and
-    a bf16 history `[layers, slots, taps - 1, C]`."""
-    outputs = [list(ws) for ws in outputs]
-    weights = [w for ws in outputs for w in ws]
-    if not (kernel_feature("gemv_multi_conv") and kernel_feature("gemv_int8_multi") and v4_fused_enabled()
-            and not v5_enabled() and outputs and all(outputs) and all(w is not None for w in weights)):
-        return False
-    if not (v4_fused_accepts(x, weights) and int(x.shape[-1]) % 256 == 0
-            and {w.fmt for w in weights} <= {"q4_g64_fp16", "q5_g64_fp16"}):
-        return False
-    shape, state = [int(d) for d in conv_weight.shape], conv_state.shape
-    channels = sum(w.rows for w in outputs[0])
-    return (str(conv_weight.dtype) == "bfloat16" and len(shape) == 2 and 2 <= shape[0] <= CONV_MAX_TAPS
-            and shape[1] == channels and channels % 16 == 0 and str(conv_state.dtype) == "bfloat16"
-            and len(state) == 4 and isinstance(state[2], int) and isinstance(state[3], int)
-            and int(state[2]) == shape[0] - 1 and int(state[3]) == channels)
-
-
-def gemv_multi_conv(x: nn.Tensor, xq: nn.Tensor, outputs: Sequence[Sequence[LinearWeight]], conv_weight: nn.Tensor,
-                    conv_state: nn.Tensor, slot_ids: nn.Tensor, seq_lens: nn.Tensor,
-                    layer: int) -> tuple[nn.Tensor, ...]:
-    """`gemv_multi(x, outputs, xq)` with output 0 (a GDN layer's q | k | v) through the layer's short
-    convolution and SiLU (ops/conv1d_decode.py's op and rounding) in the launch's epilogue:
-    `(*outputs, conv_state)`, `conv_state[layer]` updated in place (`multi_conv_supported`)."""
-    outputs = [list(ws) for ws in outputs]
-    args: list = [x, xq, conv_weight, slot_ids, seq_lens, layer, len(outputs), *(len(ws) for ws in outputs)]
-    for ws in outputs:
-        for w in ws:
-            args += [w.bits, *_v4_planes(w)]
-    _extern(tvm.target.Target.current())  # registers the launcher
-    ys = [op.empty([*x.shape[:-1], sum(w.rows for w in ws)], str(x.dtype), name="gemv_multi_conv_out")
-          for ws in outputs]
-    return tuple(cuda_extern.inplace_call(MULTI_I8_CONV_SYMBOL, args, [*ys, conv_state]))
 
 
 def gemv_swiglu(x: nn.Tensor, gate: LinearWeight, up: LinearWeight, xq: nn.Tensor | None = None) -> nn.Tensor:

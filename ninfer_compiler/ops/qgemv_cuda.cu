@@ -908,20 +908,7 @@ struct V4Epi {
   float norm_eps;
   float norm_offset;
   uint32_t norm_wbf16;
-  // V4_MULTI, when conv_w is set: the GDN short convolution of the segments with a first channel in
-  // seg_conv (`v4_conv_fetch`, `v4_conv_out`): y = silu(sum_j w[j] h[j] + w[taps - 1] bf16(x W^T)),
-  // the history shifted by one row with that bf16 output last, as ops/conv1d_decode.py does
-  const __nv_bfloat16* conv_w;  // taps [conv_taps][conv_c]
-  __nv_bfloat16* conv_hist;     // the layer's history [slots][conv_taps - 1][conv_c]
-  const int32_t* conv_slots;    // per activation row of the launch: its history slot
-  const int32_t* conv_lens;     // per activation row: tokens before this one (0: the history reads as zeros)
-  uint32_t conv_c;
-  uint32_t conv_taps;  // 2 .. V4_CONV_MAX_TAPS
-  uint32_t seg_conv[V4_SEGS];  // segment s's first channel, or V4_NO_CONV
 };
-
-constexpr uint32_t V4_NO_CONV = 0xFFFFFFFFu;
-constexpr uint32_t V4_CONV_MAX_TAPS = 4;
 
 // XQN entries (the decode norm in the GEMV's prologue, one activation row): each unit of 256 k of
 // the normalized row as the int8 slot layout of `v4_xq_slot`, 512 bytes + 4 scales, in the block's
@@ -1018,78 +1005,6 @@ __device__ __forceinline__ uint32_t v4_segment(const V4Epi& e, uint32_t t) {
 #pragma unroll
   for (uint32_t i = 0; i + 1u < V4_SEGS; ++i) s += t >= e.seg_end[i] ? 1u : 0u;
   return s;
-}
-
-// The GDN short convolution in a V4_MULTI epilogue (`e.conv_w` set). Each output row of a conv
-// segment is one channel, owned by the one block that reduces its K parts, so the convolution needs
-// no other block. A block's shared memory past its rings holds, per tile slot s, the tile's 16
-// channels of the taps (rows 0 .. taps - 1) and of each activation row b's history (rows taps + b
-// (taps - 1) + j), bf16, after a header of the rows' history slots and lengths (int32 [2][8], read
-// before the PDL wait). The warp computing K part 0 of slot s copies them with its first loop
-// stage (`v4_conv_fetch`), so they land while the stream runs and the epilogue reads them from
-// shared memory.
-constexpr uint32_t V4_CONV_HEADER = 64u;
-__device__ __forceinline__ uint32_t v4_conv_rows(const V4Epi& e, uint32_t b_rows) {
-  return e.conv_taps + b_rows * (e.conv_taps - 1u);
-}
-
-// The channel of launch tile t's first row, or V4_NO_CONV (a segment without the convolution).
-__device__ __forceinline__ uint32_t v4_conv_channel(const V4Epi& e, uint32_t t) {
-  if (t >= e.seg_end[V4_SEGS - 1u]) return V4_NO_CONV;
-  const uint32_t sg = v4_segment(e, t), first = v4_pick(e.seg_conv, sg);
-  if (first == V4_NO_CONV) return V4_NO_CONV;
-  return first + (t - (sg == 0 ? 0u : v4_pick(e.seg_end, sg - 1u))) * 16u;
-}
-
-// 16 bytes, or 16 zero bytes when `zero` (cp.async's source size 0: nothing is read from src).
-__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool zero) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(zero ? 0u : 16u) : "memory");
-}
-
-// Slot s's copies (every lane of its K-part-0 warp calls this, after a __syncwarp since its lanes
-// wrote the header's rows; the caller commits them with a stage).
-__device__ __forceinline__ void v4_conv_fetch(const V4Epi& e, uint8_t* cvr, uint32_t s, uint32_t tile,
-                                              uint32_t b_rows, uint32_t lane) {
-  const uint32_t taps = e.conv_taps, k1 = taps - 1u, rows = v4_conv_rows(e, b_rows), ch = v4_conv_channel(e, tile);
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(cvr)) + V4_CONV_HEADER + s * rows * 32u;
-  for (uint32_t u = lane; u < 2u * rows; u += 32u) {
-    const uint32_t row = u >> 1, half = u & 1u;
-    const uint32_t b = row < taps ? 0u : (row - taps) / k1, j = row < taps ? 0u : row - taps - b * k1;
-    const int32_t sl = reinterpret_cast<const int32_t*>(cvr)[b], len = reinterpret_cast<const int32_t*>(cvr)[8u + b];
-    if (ch == V4_NO_CONV) continue;
-    if (row < taps) {
-      cp_async16(dst + u * 16u, e.conv_w + row * e.conv_c + ch + half * 8u);
-    } else {
-      const __nv_bfloat16* h = e.conv_hist + (static_cast<size_t>(sl) * k1 + j) * e.conv_c + ch + half * 8u;
-      cp_async16_zfill(dst + u * 16u, len == 0 ? static_cast<const void*>(e.conv_w) : h, len == 0);
-    }
-  }
-}
-
-// Output (row r of slot s's tile, activation row col) of channel ch: `v` (the projection, fp32)
-// through the convolution and SiLU, the history row updated. Rounding as ops/conv1d_decode.py
-// (Triton): fp32 products summed in tap order from zero, silu(a) = a * (1 / (1 + 2^(-a log2 e))) with
-// ex2.approx and div.full.
-__device__ __forceinline__ float v4_conv_out(const V4Epi& e, const uint8_t* cvr, uint32_t s, uint32_t r,
-                                             uint32_t col, uint32_t b_rows, uint32_t ch, float v) {
-  const uint32_t k1 = e.conv_taps - 1u, rows = v4_conv_rows(e, b_rows), C = e.conv_c;
-  const __nv_bfloat16* tap = reinterpret_cast<const __nv_bfloat16*>(cvr + V4_CONV_HEADER + s * rows * 32u) + r;
-  const __nv_bfloat16* hist = tap + (k1 + 1u + col * k1) * 16u;
-  const __nv_bfloat16 xb = __float2bfloat16_rn(v);
-  float a = 0.f;
-#pragma unroll
-  for (uint32_t j = 0; j + 1u < V4_CONV_MAX_TAPS; ++j)
-    if (j < k1) a = fmaf(__bfloat162float(tap[j * 16u]), __bfloat162float(hist[j * 16u]), a);
-  a = fmaf(__bfloat162float(tap[k1 * 16u]), __bfloat162float(xb), a);
-  __nv_bfloat16* h = e.conv_hist + static_cast<size_t>(reinterpret_cast<const int32_t*>(cvr)[col]) * k1 * C + ch;
-#pragma unroll
-  for (uint32_t j = 0; j + 2u < V4_CONV_MAX_TAPS; ++j)
-    if (j + 1u < k1) h[j * C] = hist[(j + 1u) * 16u];
-  h[(k1 - 1u) * C] = xb;
-  float t, q;
-  asm("mul.f32 %0, %1, 0fBFB8AA3B;\n\tex2.approx.f32 %0, %0;" : "=f"(t) : "f"(a));
-  asm("div.full.f32 %0, 0f3F800000, %1;" : "=f"(q) : "f"(t + 1.f));
-  return a * q;
 }
 
 template <uint32_t MODE>
@@ -1260,15 +1175,6 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
       cp_async_commit();
     }
   }
-  // the convolution epilogue (V4_MULTI): its operands past the rings (as XQN's, which it never meets);
-  // the K-part-0 warp of each slot copies them with its first loop stage, lane b < b_rows holding
-  // row b's history slot and length (step inputs: no kernel writes them, so read before the wait)
-  const bool conv = multi && e.conv_w != nullptr;
-  const bool conv_fetch = conv && active && kpart == 0u;
-  if (conv_fetch && lane < b_rows) {  // (every fetching warp writes the same header)
-    reinterpret_cast<int32_t*>(xqn)[lane] = __ldg(e.conv_slots + lane);
-    reinterpret_cast<int32_t*>(xqn)[8u + lane] = __ldg(e.conv_lens + lane);
-  }
   if (PDL) {  // the weight copies above do not depend on the previous kernel; nothing else before here does
     pdl_enter();
   }
@@ -1323,11 +1229,6 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
       }
       cp_async_commit();  // the prologue stages' activations: after their weights, after the PDL wait
     }
-    if (conv_fetch && (ORDER != 0u || n_units == 0u)) {  // (a newer group only makes the loop's waits stricter)
-      __syncwarp();
-      v4_conv_fetch(e, xqn, slot, tile, b_rows, lane);
-      cp_async_commit();
-    }
 #pragma unroll 1
     for (uint32_t i = 0; i < n_units; ++i) {
       if (ORDER == 2u) {  // wait for stage i; stage i + STAGES is issued after it is computed
@@ -1361,8 +1262,6 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
             cp_async16(ring_s + fill + STAGE + lane * 16u, xsrc);
         }
         if (XQS && i + STAGES < n_units) xnext = ld_dep16(x8 + (i + STAGES) * 32u);
-        if (conv_fetch && i == 0u)  // (in stage STAGES - 1's group: waited for with it; the wait's
-          v4_conv_fetch(e, xqn, slot, tile, b_rows, lane);  // __syncwarp orders the header's rows)
         xsrc += 2048u;
         fill = next_slot(fill);
         cp_async_commit();
@@ -1402,7 +1301,7 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
     acc[3] = r3;
   }
   // D: acc[0..1] = row g, batch cols 2c, 2c + 1; acc[2..3] = row g + 8, same cols
-  if (ks == 1 && !swiglu && !conv) {
+  if (ks == 1 && !swiglu) {
     if (active) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -1442,10 +1341,6 @@ __device__ __forceinline__ void v4_body(const __nv_bfloat16* __restrict__ x, con
     const uint32_t sv = swiglu ? 2u * s : s;  // the slot holding this output's (gate) tile
     float v = 0.f, up = 0.f;
     for (uint32_t p = 0; p < ks; ++p) v += part[(p * slots + sv) * 128u + rb];
-    if (conv) {
-      const uint32_t ch = v4_conv_channel(e, tile0 + blk * outs + s);
-      if (ch != V4_NO_CONV) v = v4_conv_out(e, xqn, s, r, col, b_rows, ch + r, v);
-    }
     if (swiglu)
       for (uint32_t p = 0; p < ks; ++p) up += part[(p * slots + sv + 1u) * 128u + rb];
     if (xq_cluster) {  // (SwiGLU) the output as stored, also into the leader's buffer

@@ -148,52 +148,7 @@ struct V4Epi {
   float norm_eps;
   float norm_offset;
   uint32_t norm_wbf16;
-  const void* conv_w;
-  void* conv_hist;
-  const int32_t* conv_slots;
-  const int32_t* conv_lens;
-  uint32_t conv_c;
-  uint32_t conv_taps;
-  uint32_t seg_conv[V4_SEGS];
 };
-constexpr uint32_t V4_NO_CONV = 0xFFFFFFFFu;  // qgemv_cuda.cu's
-constexpr int64_t kConvMaxTaps = 4;           // qgemv_cuda.cu V4_CONV_MAX_TAPS
-
-// The GDN short convolution a V4_MULTI launch applies to output 0's channels in its epilogue
-// (`ninfer_qgemv_multi_i8_conv`): bf16 taps [taps][c], the layer's bf16 history [slots][taps - 1][c],
-// and per activation row its history slot and length (int32).
-struct ConvIn {
-  const void* w;
-  void* hist;
-  const int32_t* slots;
-  const int32_t* lens;
-  uint32_t c, taps;
-};
-
-// The convolution's part of V4Epi for the segments' weights w[0 .. nseg) (unused entries repeat the
-// last), `first[i]`: weight i's first channel or V4_NO_CONV; nothing when cv is nullptr.
-void set_conv(V4Epi& e, const ConvIn* cv, const uint32_t* first, uint32_t nseg) {
-  if (cv == nullptr) return;
-  e.conv_w = cv->w;
-  e.conv_hist = cv->hist;
-  e.conv_slots = cv->slots;
-  e.conv_lens = cv->lens;
-  e.conv_c = cv->c;
-  e.conv_taps = cv->taps;
-  for (uint32_t s = 0; s < V4_SEGS; ++s) e.seg_conv[s] = first[s < nseg ? s : nseg - 1];
-}
-
-// The most any launch's convolution operands take (8 tile slots, 8 rows, the most taps).
-constexpr uint32_t kConvMaxSmem = 64u + kV4MaxWarps * (kConvMaxTaps + 8 * (kConvMaxTaps - 1)) * 32u;
-
-// Shared memory the convolution's operands take past a block's rings: a 64-byte header (the rows'
-// slots and lengths), then per tile slot (`slots` a block at most) the taps and each activation
-// row's history, 16 channels each (qgemv_cuda.cu V4_CONV_HEADER, `v4_conv_fetch`).
-uint32_t conv_smem(const ConvIn* cv, uint32_t slots, int64_t rows) {
-  if (cv == nullptr) return 0u;
-  const uint32_t b = static_cast<uint32_t>(rows < 8 ? rows : 8);
-  return 64u + slots * (cv->taps + b * (cv->taps - 1u)) * 32u;
-}
 
 // The RMS norm a residual-add launch also computes of its output (`v4_add_norm`): weight (fp32, or
 // bf16 when wbf16), eps, offset, the normalized rows `y` and, unless nullptr, rows 0..3 of them as
@@ -315,10 +270,7 @@ CUfunction lookup(int index) {
                                                                        (i == kI8Index + 1 && NINFER_V4_XQ_CLUSTER == 1 ? kXqClusterBytes : 0)
                                                  : i == kMulti45Index
                                                      ? std::max(v4_smem(4, kV4MaxWarps), v4_smem(5, kV4MaxWarps))
-                                                     : v4_smem((i - 35) / 4 + 4, kV4MaxWarps)) +
-                                    // (the multi entries: the convolution's operands, `conv_smem`)
-                                    (i == kMulti45I8Index || i == kMulti45Index || (i < kMulti45Index && (i - 35) % 4 == 3)
-                                         ? static_cast<int>(kConvMaxSmem) : 0));
+                                                     : v4_smem((i - 35) / 4 + 4, kV4MaxWarps)));
       TVM_FFI_ICHECK(rc == 0) << "ninfer_gemv: cuFuncSetAttribute failed with " << rc;
     }
 #endif
@@ -590,17 +542,11 @@ void launch_multi(CUfunction fn, V4Epi& e, const char* xp, int64_t rows, int64_t
   const void* hp = w[0].high;
   const void* sp = w[0].scales;
   uint32_t n32 = tiles * 16u, k32 = static_cast<uint32_t>(k);
-  const int32_t* conv_slots = e.conv_slots;
-  const int32_t* conv_lens = e.conv_lens;
   for (int64_t r0 = 0; r0 < rows; r0 += 8) {
     uint32_t b = static_cast<uint32_t>(rows - r0 < 8 ? rows - r0 : 8);
     for (uint32_t s = 0; s < V4_SEGS; ++s) {
       const uint32_t i = s < nseg ? s : nseg - 1;
       e.seg_y[s] = y[i] + r0 * stride[i] * 2;
-    }
-    if (e.conv_w != nullptr) {  // (this launch's activation rows)
-      e.conv_slots = conv_slots + r0;
-      e.conv_lens = conv_lens + r0;
     }
     const void* xr = xq != nullptr ? static_cast<const void*>(xq) : static_cast<const void*>(xp + r0 * k * 2);
     void* yr = e.seg_y[0];
@@ -611,17 +557,14 @@ void launch_multi(CUfunction fn, V4Epi& e, const char* xp, int64_t rows, int64_t
 
 // One V4_MULTI launch over up to V4_SEGS weights of one format (each v4_fits): weight s writes
 // y_s[r, 0 .. n_s) with row stride stride_s, for the `rows` activation rows at xp (bf16).
-// `cv`: the convolution in the epilogue (weight i's first channel conv_first[i]), or nullptr.
 void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* w, char* const* y,
-               const int64_t* stride, uint32_t nseg, CUstream stream, const ConvIn* cv = nullptr,
-               const uint32_t* conv_first = nullptr) {
+               const int64_t* stride, uint32_t nseg, CUstream stream) {
   V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 0.f, 0u};
   const uint32_t tiles = multi_segments(e, w, stride, nseg);
-  set_conv(e, cv, conv_first, nseg);
   const uint32_t ks = choose_ks_v4(bits, tiles * 16u, static_cast<uint32_t>(k), NINFER_V4_Q5_KS_CAP_MULTI);
   const uint32_t warps = ks > 4 ? ks : 4, grid = (tiles + warps / ks - 1) / (warps / ks);
   launch_multi(lookup(v4_index(bits, V4_MULTI)), e, xp, rows, k, w, y, stride, nseg, tiles, ks, grid, warps,
-               v4_smem(bits, warps) + conv_smem(cv, warps / ks, rows), stream);
+               v4_smem(bits, warps), stream);
 }
 
 // One mixed-format V4_MULTI launch (`ninfer_qgemv4e_q45_multi`): w[0 .. n4) are q4 weights, w[n4
@@ -631,15 +574,11 @@ void run_multi(const char* xp, int64_t rows, int64_t k, int bits, const Planes* 
 // activations, read by the int8 entry where it runs (<= 4 rows, NINFER_GEMV_INT8 not 0), or nullptr.
 // `pre` (one row, the int8 entry running): xp is pre's output, which the launch computes from pre's
 // input in its prologue (the XQN entry) instead of reading xq.
-// `cv` (not with `pre`): the convolution in the epilogue, weight i's first channel conv_first[i].
 bool run_multi45(const char* xp, int64_t rows, int64_t k, const Planes* w, char* const* y, const int64_t* stride,
-                 uint32_t n4, uint32_t nseg, CUstream stream, const char* xq = nullptr, const NormIn* pre = nullptr,
-                 const ConvIn* cv = nullptr, const uint32_t* conv_first = nullptr) {
+                 uint32_t n4, uint32_t nseg, CUstream stream, const char* xq = nullptr, const NormIn* pre = nullptr) {
   if (n4 == 0 || n4 >= nseg || nseg > V4_SEGS) return false;
-  TVM_FFI_ICHECK(pre == nullptr || cv == nullptr) << "ninfer_gemv: the convolution epilogue has no XQN form";
   V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 0.f, 0u};
   const uint32_t tiles = multi_segments(e, w, stride, nseg), tiles4 = e.seg_end[n4 - 1], tiles5 = tiles - tiles4;
-  set_conv(e, cv, conv_first, nseg);
   const uint32_t k32 = static_cast<uint32_t>(k);
   const uint32_t ks4 = choose_ks_v4(4, tiles4 * 16u, k32), ks5 = choose_ks_v4(5, tiles5 * 16u, k32, NINFER_V4_Q5_KS_CAP_MULTI);
   const uint32_t warps = std::max({4u, ks4, ks5});
@@ -662,10 +601,8 @@ bool run_multi45(const char* xp, int64_t rows, int64_t k, const Planes* w, char*
   if (i8) e.x_scales = xq + k * 8;
   const bool staged = i8 && rows == 1;  // (an int8 entry at one row stages its activations in the ring)
   launch_multi(lookup(i8 ? kMulti45I8Index : kMulti45Index), e, xp, rows, k, w, y, stride, nseg, tiles, ks4,
-               blocks4 + blocks5, warps,
-               std::max(v4_smem(4, warps, staged), v4_smem(5, warps, staged)) +
-                   conv_smem(cv, warps / std::min(ks4, ks5), rows),
-               stream, blocks4, ks5, i8 ? xq : nullptr);
+               blocks4 + blocks5, warps, std::max(v4_smem(4, warps, staged), v4_smem(5, warps, staged)), stream,
+               blocks4, ks5, i8 ? xq : nullptr);
   return true;
 }
 
@@ -866,10 +803,7 @@ namespace {
 // which the mixed launch reads instead of x where its int8 entry runs. `pre`: x and xq are the
 // outputs of this decode norm, computed here first (by the mixed launch's prologue at one row,
 // else by the norm kernel).
-// `cv`: output 0's channels also go through this convolution in the launches' epilogues (every
-// weight of the call must then run in a v4 multi launch).
-void multi_call(const tvm::ffi::AnyView* args, int32_t num_args, bool with_xq, const NormIn* pre = nullptr,
-                const ConvIn* cv = nullptr) {
+void multi_call(const tvm::ffi::AnyView* args, int32_t num_args, bool with_xq, const NormIn* pre = nullptr) {
   using tvm::ffi::TensorView;
   TVM_FFI_ICHECK(num_args >= (with_xq ? 3 : 2)) << "ninfer_qgemv_multi: too few arguments";
   const TensorView x = args[0].cast<TensorView>();
@@ -892,7 +826,6 @@ void multi_call(const tvm::ffi::AnyView* args, int32_t num_args, bool with_xq, c
     Planes w;
     char* y;
     int64_t stride;
-    uint32_t conv_first;  // its first channel under the convolution, or V4_NO_CONV
   };
   std::vector<Item> items;
   int64_t i = first;
@@ -905,8 +838,7 @@ void multi_call(const tvm::ffi::AnyView* args, int32_t num_args, bool with_xq, c
       const Planes w = planes(a[i + 1].cast<TensorView>(), a[i + 2].cast<TensorView>(), a[i + 3].cast<TensorView>(),
                               a[i].cast<int64_t>(), k);
       TVM_FFI_ICHECK(off + w.n <= total) << "ninfer_qgemv_multi: output " << o << " is narrower than its weights";
-      items.push_back({static_cast<int>(a[i].cast<int64_t>()), w, address(y) + off * (f32 ? 4 : 2), total,
-                       cv != nullptr && o == 0 ? static_cast<uint32_t>(off) : V4_NO_CONV});
+      items.push_back({static_cast<int>(a[i].cast<int64_t>()), w, address(y) + off * (f32 ? 4 : 2), total});
       off += w.n;
     }
     TVM_FFI_ICHECK(off == total) << "ninfer_qgemv_multi: output " << o << " has " << total << " columns, its weights " << off;
@@ -920,7 +852,6 @@ void multi_call(const tvm::ffi::AnyView* args, int32_t num_args, bool with_xq, c
     char* ys[V4_SEGS];
     int64_t strides[V4_SEGS];
     size_t picked[V4_SEGS];
-    uint32_t firsts[V4_SEGS];
     uint32_t nseg = 0, n4 = 0;
     for (int bits : {4, 5})
       for (size_t q = 0; q < items.size(); ++q) {
@@ -928,19 +859,18 @@ void multi_call(const tvm::ffi::AnyView* args, int32_t num_args, bool with_xq, c
         w[nseg] = items[q].w;
         ys[nseg] = items[q].y;
         strides[nseg] = items[q].stride;
-        firsts[nseg] = items[q].conv_first;
         picked[nseg++] = q;
         n4 += bits == 4 ? 1u : 0u;
       }
     const char* xq = with_xq ? xq_address(&xq_view, k, "ninfer_qgemv_multi_i8") : nullptr;
     bool ran = false;
-    if (!normed && cv == nullptr && (NINFER_V4_XQN_LAUNCHES & 1) && rows == 1 && k <= kXqnMaxK && int8_enabled())
+    if (!normed && (NINFER_V4_XQN_LAUNCHES & 1) && rows == 1 && k <= kXqnMaxK && int8_enabled())
       ran = normed = run_multi45(address(x), rows, k, w, ys, strides, n4, nseg, stream, nullptr, pre);
     if (!ran && !normed) {
       norm_xq_launch(*pre, rows, k, stream);
       normed = true;
     }
-    if (!ran) ran = run_multi45(address(x), rows, k, w, ys, strides, n4, nseg, stream, xq, nullptr, cv, firsts);
+    if (!ran) ran = run_multi45(address(x), rows, k, w, ys, strides, n4, nseg, stream, xq);
     if (ran)
       for (uint32_t s = 0; s < nseg; ++s) done[picked[s]] = true;
   }
@@ -948,8 +878,6 @@ void multi_call(const tvm::ffi::AnyView* args, int32_t num_args, bool with_xq, c
   for (size_t p = 0; p < items.size(); ++p) {
     if (done[p]) continue;
     if (!merge_enabled() || !v4_fits(f32, items[p].bits, items[p].w, k)) {
-      TVM_FFI_ICHECK(cv == nullptr) << "ninfer_qgemv_multi_i8_conv: a weight that no v4 multi launch runs "
-                                       "(NINFER_GEMV_MERGE=0, or a format / shape v4 does not take)";
       run(address(x), f32, rows, k, items[p].bits, items[p].w, items[p].y, items[p].stride, V4_PLAIN, nullptr,
           nullptr, stream);
       done[p] = true;
@@ -958,17 +886,15 @@ void multi_call(const tvm::ffi::AnyView* args, int32_t num_args, bool with_xq, c
     Planes w[V4_SEGS];
     char* ys[V4_SEGS];
     int64_t strides[V4_SEGS];
-    uint32_t firsts[V4_SEGS];
     uint32_t nseg = 0;
     for (size_t q = p; q < items.size() && nseg < V4_SEGS; ++q) {
       if (done[q] || items[q].bits != items[p].bits || !v4_fits(f32, items[q].bits, items[q].w, k)) continue;
       w[nseg] = items[q].w;
       ys[nseg] = items[q].y;
-      firsts[nseg] = items[q].conv_first;
       strides[nseg++] = items[q].stride;
       done[q] = true;
     }
-    run_multi(address(x), rows, k, items[p].bits, w, ys, strides, nseg, stream, cv, firsts);
+    run_multi(address(x), rows, k, items[p].bits, w, ys, strides, nseg, stream);
   }
 }
 }  // namespace
@@ -1015,51 +941,6 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_norm_multi_i8(void*, co
   for (int32_t i = yn_at + 2; i < num_args; ++i) m.push_back(a[i]);
   multi_call(m.data(), static_cast<int32_t>(m.size()), true, &pre);
   reinterpret_cast<tvm::ffi::Any*>(result)->operator=(nullptr);
-  TVM_FFI_SAFE_CALL_END();
-}
-
-// (x, xq, conv_w, slots, lens, layer, n_out, n_0 .., per weight: bits, base, high, scales, then y_0 ..,
-// conv_state): the multi_i8 call whose output 0 (a GDN layer's q | k | v) also goes through the
-// layer's short convolution in the launches' epilogues, `conv_state[layer]` updated in place (what
-// ops/conv1d_decode.py does after a multi launch); returns (y_0 .., conv_state).
-extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_ninfer_qgemv_multi_i8_conv(void*, const TVMFFIAny* packed, int32_t num_args,
-                                                                     TVMFFIAny* result) {
-  TVM_FFI_SAFE_CALL_BEGIN();
-  using tvm::ffi::AnyView;
-  using tvm::ffi::TensorView;
-  const AnyView* a = reinterpret_cast<const AnyView*>(packed);
-  TVM_FFI_ICHECK(num_args >= 9) << "ninfer_qgemv_multi_i8_conv: too few arguments";
-  const int64_t nout = a[6].cast<int64_t>();
-  TVM_FFI_ICHECK(nout >= 1 && num_args >= 8 + nout) << "ninfer_qgemv_multi_i8_conv: bad n_out";
-  const TensorView x = a[0].cast<TensorView>(), w = a[2].cast<TensorView>(), slots = a[3].cast<TensorView>(),
-                   lens = a[4].cast<TensorView>(), y0 = a[num_args - 1 - nout].cast<TensorView>(),
-                   state = a[num_args - 1].cast<TensorView>();
-  const int64_t layer = a[5].cast<int64_t>(), k = k_of(x), rows = x.numel() / k;
-  const auto is_bf16 = [](const TensorView& t) { return t.dtype().code == kDLBfloat && t.dtype().bits == 16; };
-  const auto is_i32 = [](const TensorView& t) { return t.dtype().code == kDLInt && t.dtype().bits == 32; };
-  TVM_FFI_ICHECK(is_bf16(w) && w.ndim() == 2 && w.shape()[0] >= 2 && w.shape()[0] <= kConvMaxTaps)
-      << "ninfer_qgemv_multi_i8_conv: the taps must be bf16 [2.." << kConvMaxTaps << ", C]";
-  const int64_t taps = w.shape()[0], c = w.shape()[1];
-  TVM_FFI_ICHECK(c % 16 == 0 && y0.shape()[y0.ndim() - 1] == c)
-      << "ninfer_qgemv_multi_i8_conv: output 0 must have the convolution's " << c << " channels (a multiple of 16)";
-  TVM_FFI_ICHECK(is_bf16(state) && state.ndim() == 4 && state.shape()[2] == taps - 1 && state.shape()[3] == c)
-      << "ninfer_qgemv_multi_i8_conv: the history must be bf16 [layers, slots, " << taps - 1 << ", " << c << "]";
-  TVM_FFI_ICHECK(layer >= 0 && layer < state.shape()[0]) << "ninfer_qgemv_multi_i8_conv: layer " << layer
-                                                        << " out of range";
-  TVM_FFI_ICHECK(is_i32(slots) && is_i32(lens) && slots.numel() == rows && lens.numel() == rows)
-      << "ninfer_qgemv_multi_i8_conv: slots and lens must be int32 with one entry per row";
-  TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(address(w)) % 16 == 0 && reinterpret_cast<uintptr_t>(address(state)) % 16 == 0)
-      << "ninfer_qgemv_multi_i8_conv: taps and history must be 16-byte aligned";
-  const ConvIn cv{address(w), address(state) + layer * state.shape()[1] * (taps - 1) * c * 2,
-                  reinterpret_cast<const int32_t*>(address(slots)), reinterpret_cast<const int32_t*>(address(lens)),
-                  static_cast<uint32_t>(c), static_cast<uint32_t>(taps)};
-  // multi_i8's arguments: (x, xq, n_out, ..weights.., y_0 ..)
-  std::vector<AnyView> m{a[0], a[1]};
-  for (int32_t i = 6; i < num_args - 1; ++i) m.push_back(a[i]);
-  if (rows > 0) multi_call(m.data(), static_cast<int32_t>(m.size()), true, nullptr, &cv);
-  tvm::ffi::Array<tvm::ffi::Tensor> out;
-  for (int32_t i = num_args - 1 - static_cast<int32_t>(nout); i < num_args; ++i) out.push_back(a[i].cast<tvm::ffi::Tensor>());
-  reinterpret_cast<tvm::ffi::Any*>(result)->operator=(out);
   TVM_FFI_SAFE_CALL_END();
 }
 

@@ -78,17 +78,9 @@ class GatedDeltaNet(nn.Module):
         b, t = h.shape[0], h.shape[1]
         fused_step = gdn_decode_fused.supported(h, gdn_state, self.dk, self.dv)
         gate_weights = [m.weight if isinstance(m, Linear) else None for m in (self.a_projection, self.b_projection)]
-        projected = None
         if fused_step and gdn_decode_fused.gates_foldable(h, *gate_weights, self.hv):
-            # decode on CUDA: the step kernel also computes the two small bf16 gate projections, and
-            # the projections' launch applies the short convolution where it can
-            groups = [[self.query, self.key, self.value], [self.z]]
-            projected = fused_linear.multi_linear_conv(h, groups, h_xq, self.convolution, conv_state, slot_ids,
-                                                       seq_lens, layer)
-            if projected is not None:
-                mixed, z, conv_state = projected
-            else:
-                mixed, z = fused_linear.multi_linear(h, groups, xq=h_xq)
+            # decode on CUDA: the step kernel also computes the two small bf16 gate projections
+            mixed, z = fused_linear.multi_linear(h, [[self.query, self.key, self.value], [self.z]], xq=h_xq)
             a, beta_in, gate_input = gate_weights[0], gate_weights[1], h
         else:
             # one launch for every projection of h where the kernels allow it (decode on CUDA)
@@ -96,10 +88,9 @@ class GatedDeltaNet(nn.Module):
                 h, [[self.query, self.key, self.value], [self.z], [self.a_projection], [self.b_projection]]
             )
             gate_input = None
-        if projected is None:
-            mixed, conv_state = causal_conv1d_with_state(
-                mixed, self.convolution, conv_state, slot_ids, seq_lens, layer
-            )
+        mixed, conv_state = causal_conv1d_with_state(
+            mixed, self.convolution, conv_state, slot_ids, seq_lens, layer
+        )
         if fused_step:
             # decode on CUDA: gates, norms, the rule and the gated norm in one kernel, which also
             # writes its output as int8 activations where the output projection reads them (z has

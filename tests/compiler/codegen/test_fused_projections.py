@@ -93,7 +93,6 @@ def test_decode_fuses_projections_norms_and_epilogues(tuned, reference):
     # norm's int8 activations, the bf16 GDN gates a, b computed by the GDN step kernel itself (no
     # dense launch); SwiGLU per layer; residual adds of the 4 mixers and 4 MLPs
     assert calls.count("ninfer_qgemv_multi_i8") == 4 and "ninfer_qgemv_multi" not in calls
-    assert decode.count('R.call_inplace_packed("ninfer_conv1d_decode_c1280_k4_bf16"') == 3
     assert decode.count('"ninfer_gdn_decode_2_6_128_128_g256_xq"') == 3
     assert "ninfer_dense_gemv" not in calls and "ninfer_dense_gemv_pair" not in calls
     # every norm but the final one also writes int8 activations, which the q4 SwiGLUs and the
@@ -249,68 +248,22 @@ def test_decode_mlp_on_int8_activations(mid_artifact, monkeypatch):
 def test_decode_mixers_on_int8_activations(mid_artifact, monkeypatch):
     """With the kernel feature "gemv_int8_multi" (on by default) every input norm also writes its
     output as int8 activations and the mixer's multi call reads them (`ninfer_qgemv_multi_i8`, x and
-    xq from the same norm call; with the opt-in "gemv_multi_conv" the GDN layers' `..._multi_i8_conv`);
-    without it the input norms and multi calls are the bf16 forms and the convolution a kernel of its
-    own, even with "gemv_multi_conv"."""
+    xq from the same norm call); without it the input norms and multi calls are the bf16 forms."""
     require_tool("nvcc", "the CUDA toolkit builds device code")
-    monkeypatch.setenv("NINFER_KERNELS", "-gemv_int8_multi,+gemv_multi_conv")
-    decode = _export(mid_artifact)["decode"].script()
-    calls = _extern_calls(decode)
+    monkeypatch.setenv("NINFER_KERNELS", "-gemv_int8_multi")
+    calls = _extern_calls(_export(mid_artifact)["decode"].script())
     assert calls.count("ninfer_qgemv_multi") == 4 and "ninfer_qgemv_multi_i8" not in calls
     assert calls.count("ninfer_rms_norm_xq") == 4 and calls.count("ninfer_rms_norm") == 5
-    assert decode.count('R.call_inplace_packed("ninfer_conv1d_decode_c1280_k4_bf16"') == 3
-    for features, plain, with_conv in (("", 4, 0), ("+gemv_multi_conv", 1, 3)):
-        monkeypatch.setenv("NINFER_KERNELS", features)
-        decode = _export(mid_artifact)["decode"].script()
-        calls = _extern_calls(decode)
-        assert calls.count("ninfer_qgemv_multi_i8") == plain and "ninfer_qgemv_multi" not in calls
-        assert decode.count('R.call_inplace_packed("ninfer_qgemv_multi_i8_conv"') == with_conv
-        assert calls.count("ninfer_rms_norm_xq") == 8 and calls.count("ninfer_rms_norm") == 1  # the final norm
-        assert calls.count("ninfer_qgemv_swiglu_i8") == 4  # the MLP as by default
-        for var in re.findall(r'(\w+) = R\.call_dps_packed\("ninfer_rms_norm_xq"', decode):
-            n = re.search(rf"(\w+): R\.Tensor\(\(b, 1, 256\), dtype=\"bfloat16\"\) = {var}\[0\]", decode).group(1)
-            q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[1\]", decode).group(1)
-            assert re.search(rf'"ninfer_qgemv_(multi|swiglu)_i8x?", \({n}, {q}, ', decode) or re.search(
-                rf'"ninfer_qgemv_multi_i8_conv", {n}, {q}, ', decode), var
-
-
-def test_decode_gdn_convolution_in_the_multi_launch(mid_artifact, monkeypatch):
-    """With the kernel feature "gemv_multi_conv" (opt-in) each GDN layer's q | k | v | z call
-    also applies the layer's short convolution (`ninfer_qgemv_multi_i8_conv`, in place on the
-    history): it takes the layer's taps, the step's slots and lengths and the layer's index, its
-    output 0 is what the GDN step reads, its history output is what the next GDN layer's call
-    updates, and no convolution kernel is left; prefill keeps its convolution."""
-    require_tool("nvcc", "the CUDA toolkit builds device code")
-    monkeypatch.setenv("NINFER_KERNELS", "+gemv_multi_conv")
-    mod = _export(mid_artifact)
-    decode = mod["decode"].script()
-    found = re.findall(r'(\w+): R\.Tuple\(R\.Tensor\(\(b, 1, 1280\), dtype="bfloat16"\), R\.Tensor\(\(b, 1, 768\), '
-                       r'dtype="bfloat16"\), R\.Tensor\(\(3, num_slots, 3, 1280\), dtype="bfloat16"\)\) = '
-                       r'R\.call_inplace_packed\("ninfer_qgemv_multi_i8_conv", (\w+), (\w+), (\w+), slot_ids, seq_lens, '
-                       r'(\d+), 2, 3, 1, ([^=]*), (\w+), (\w+), (\w+), inplace_indices=\[25, 26, 27\]', decode)
-    assert [int(f[4]) for f in found] == [0, 1, 2], found
-    state = "conv_state"  # the function's parameter, then what each call returns
-    for var, x, xq, taps, layer, weights, y0, y1, history in found:
-        norm = re.search(rf"{x}: R\.Tensor\(\(b, 1, 256\), dtype=\"bfloat16\"\) = (\w+)\[0\]", decode).group(1)
-        assert re.search(rf"{xq}: R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {norm}\[1\]", decode), var
-        assert re.search(rf"{taps}: R\.Tensor\(\(4, 1280\), dtype=\"bfloat16\"\) = packed_params\[\d+\]", decode)
-        assert taps.startswith(f"layers_{layer}_gdn_convolution"), (taps, layer)
-        assert weights.split(", ")[:4] == ["4", f"layers_{layer}_gdn_query_base2", f"layers_{layer}_gdn_query_base2",
-                                           f"layers_{layer}_gdn_query_scales2"], weights
-        assert history == state, (var, history, state)
-        for y, n in ((y0, 1280), (y1, 768)):  # outputs written in place: fresh buffers
-            assert re.search(rf"{y}: R\.Tensor\(\(b, 1, {n}\), dtype=\"bfloat16\"\) = R\.builtin\.alloc_tensor", decode), y
-        mixed = re.search(rf"(\w+): R\.Tensor\(\(b, 1, 1280\), dtype=\"bfloat16\"\) = {var}\[0\]", decode).group(1)
-        assert re.search(rf'R\.call_inplace_packed\("ninfer_gdn_decode_\w+", {mixed}, ', decode), var
-        state = re.search(rf"(\w+): R\.Tensor\(\(3, num_slots, 3, 1280\), dtype=\"bfloat16\"\) = {var}\[2\]",
-                          decode).group(1)
-    assert "conv1d" not in decode
-    assert "ninfer_conv1d_decode" not in mod["prefill"].script()  # (prefill: the chunked form)
-    assert "conv" in mod["prefill"].script()
     monkeypatch.delenv("NINFER_KERNELS")
     decode = _export(mid_artifact)["decode"].script()
-    assert decode.count('R.call_inplace_packed("ninfer_conv1d_decode_c1280_k4_bf16"') == 3
-    assert "ninfer_qgemv_multi_i8_conv" not in decode
+    calls = _extern_calls(decode)
+    assert calls.count("ninfer_qgemv_multi_i8") == 4 and "ninfer_qgemv_multi" not in calls
+    assert calls.count("ninfer_rms_norm_xq") == 8 and calls.count("ninfer_rms_norm") == 1  # the final norm
+    assert calls.count("ninfer_qgemv_swiglu_i8") == 4  # the MLP as by default
+    for var in re.findall(r'(\w+) = R\.call_dps_packed\("ninfer_rms_norm_xq"', decode):
+        n = re.search(rf"(\w+): R\.Tensor\(\(b, 1, 256\), dtype=\"bfloat16\"\) = {var}\[0\]", decode).group(1)
+        q = re.search(rf"(\w+): R\.Tensor\(\(\d+,\), dtype=\"uint8\"\) = {var}\[1\]", decode).group(1)
+        assert re.search(rf'"ninfer_qgemv_(multi|swiglu)_i8x?", \({n}, {q}, ', decode), var
 
 
 def _extern_calls(script: str) -> list[str]:
