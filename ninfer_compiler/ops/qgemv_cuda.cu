@@ -542,7 +542,7 @@ NINFER_QGEMV3(6, float, f32)
 #ifndef NINFER_V4_STAGES_Q6
 #define NINFER_V4_STAGES_Q6 2
 #endif
-// measurement builds only: 1 = loads without the math, 2 = math without activation loads, 3 = no
+// measurement builds only: 1 = loads without the math (bf16 and int8 stages), 2 = math without activation loads, 3 = no
 // work at all (the launch and its PDL wait), 4 = the weight stream alone (1 without activation loads)
 #ifndef NINFER_V4_DIAG
 #define NINFER_V4_DIAG 0
@@ -844,6 +844,12 @@ __device__ __forceinline__ void v4_stage_i8(const uint8_t* s, const uint8_t* xq,
   for (int q = 0; q < 4; ++q) {
     uint2 wa, wb;
     v4_base_words(s, g, c, q, wa, wb);
+    if (NINFER_V4_DIAG == 1) {  // every loaded word feeds the result, no code construction, no MMA
+      const uint32_t hx = BITS == 5 ? s[BASE + c * 2u + g * 32u] : 0u;
+      acc[0] += __uint_as_float((wa.x ^ wb.y ^ hx ^ xv[q].x ^ xv[q].w ^ sxv.x) & 0x3FFFFFFFu);
+      acc[2] += __uint_as_float((wa.y ^ wb.x ^ xv[q].y ^ xv[q].z) & 0x3FFFFFFFu) * __low2float(sc.a01);
+      continue;
+    }
     uint32_t a[2][4];  // [word][a0 .. a3]
     if (BITS == 4) {
       // each nibble in the top half of its byte: the signed byte is 16 x code (two's complement)

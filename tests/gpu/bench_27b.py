@@ -6,8 +6,11 @@ bit for bit (`ninfer synth` output, including its artifact_id, is a function of 
 
     # build machine (project venv; writes the artifacts under --folder, ~15 GB each, and stages ~30 MiB):
     .venv/bin/python tests/gpu/bench_27b.py prepare --folder /tmp/perf --recipes groupwise-int,nvfp4
-    # GPU machine, repository + .cache/ninfer/perf-27b copied over:
+    # GPU machine, repository + .cache/ninfer/perf-27b copied over (or its archive, see `unpack`):
     python3 tests/gpu/bench_27b.py run --out $OUT
+
+`prepare` also writes the staged folder as one archive, `.cache/ninfer/perf-27b.tar.xz` (~1.3 MiB a
+package instead of ~9): carry that instead and run `python3 tests/gpu/bench_27b.py unpack` first.
 
 `prepare --baseline REV` also compiles the groupwise-int package from git revision REV's compiler
 (a worktree) into `pkg-baseline`; `run` then benches it in the same session (decode at 1 and 8
@@ -32,6 +35,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -52,6 +56,7 @@ def package_dir(recipe: str) -> Path:
     return STAGE / ("pkg" if recipe == "groupwise-int" else f"pkg-{recipe}")
 
 
+ARCHIVE = STAGE.parent / "perf-27b.tar.xz"  # `pack`: the staged folder in one file, to carry
 BASELINE = STAGE / "pkg-baseline"
 # Measurement variants (`prepare --variant NAME=DEFINE,...`): the groupwise-int package with the decode
 # GEMV's compile-time switches changed in its kernels and launcher, e.g. `loads-only=NINFER_V4_DIAG=1`
@@ -180,7 +185,25 @@ def prepare(folder: Path, recipes: list[str], baseline: str | None = None, varia
     for spec in variants:
         _compile_variant(artifact_path(folder, "groupwise-int"), *parse_variant(spec))
     _stage_runtime(STAGE)
-    print(f"staged {STAGE}")
+    pack()
+    print(f"staged {STAGE} ({ARCHIVE.stat().st_size / 2**20:.1f} MiB as {ARCHIVE.name})")
+
+
+def pack() -> None:
+    """The staged folder as one xz archive: the packages' fatbins compress ~7x, so a device call that
+    carries the archive (and runs `unpack` first) fits many more variants in its 64 MiB."""
+    with tarfile.open(ARCHIVE, "w:xz", preset=6) as tar:
+        tar.add(STAGE, arcname=STAGE.name)
+
+
+def unpack() -> None:
+    """The staged folder from `pack`'s archive (on the GPU machine, before `run`), replacing any there."""
+    if not ARCHIVE.exists():
+        raise SystemExit(f"unpack: no {ARCHIVE} (run prepare on the build machine and carry it)")
+    shutil.rmtree(STAGE, ignore_errors=True)
+    with tarfile.open(ARCHIVE, "r:xz") as tar:
+        tar.extractall(STAGE.parent, filter="data")
+    print(f"unpacked {ARCHIVE.name}: {', '.join(sorted(p.name for p in STAGE.iterdir()))}")
 
 
 def run_outer(out: Path) -> int:
@@ -377,7 +400,7 @@ LONG_PROMPT = int(os.environ.get("NINFER_BENCH_LONG_PROMPT", "65536"))  # 0 skip
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=["prepare", "run", "run-inner"])
+    parser.add_argument("step", choices=["prepare", "unpack", "run", "run-inner"])
     parser.add_argument("--folder", type=Path, default=Path("/tmp/perf"), help="prepare: where the artifacts are written")
     parser.add_argument("--recipes", default=",".join(RECIPES), help="prepare: comma-separated recipes")
     parser.add_argument("--baseline", help="prepare: also build the groupwise-int package from this git revision")
@@ -392,6 +415,9 @@ def main() -> int:
             except ValueError as exc:
                 parser.error(str(exc))
         prepare(args.folder, args.recipes.split(","), args.baseline, args.variant)
+        return 0
+    if args.step == "unpack":
+        unpack()
         return 0
     if args.step == "run":
         return run_outer(args.out)

@@ -33,3 +33,28 @@ def test_variants_take_defines_and_kernel_features() -> None:
         except ValueError:
             continue
         raise AssertionError(bad)
+
+
+def test_pack_and_unpack_restore_the_staged_folder(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    stage = tmp_path / "perf-27b"
+    (stage / "pkg").mkdir(parents=True)
+    (stage / "pkg" / "model.so").write_bytes(bytes(range(256)) * 64)
+    (stage / "resources.json").write_text("{}")
+    monkeypatch.setattr(bench_27b, "STAGE", stage)
+    monkeypatch.setattr(bench_27b, "ARCHIVE", tmp_path / "perf-27b.tar.xz")
+    bench_27b.pack()
+    (stage / "pkg" / "model.so").write_bytes(b"changed after packing")
+    (stage / "stale").mkdir()
+    bench_27b.unpack()
+    assert sorted(p.name for p in stage.iterdir()) == ["pkg", "resources.json"]
+    assert (stage / "pkg" / "model.so").read_bytes() == bytes(range(256)) * 64
+
+
+def test_unpack_without_an_archive_says_what_is_missing(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(bench_27b, "ARCHIVE", tmp_path / "perf-27b.tar.xz")
+    try:
+        bench_27b.unpack()
+    except SystemExit as exc:
+        assert "perf-27b.tar.xz" in str(exc)
+    else:
+        raise AssertionError("unpack without an archive returned")
