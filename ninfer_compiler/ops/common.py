@@ -121,6 +121,10 @@ KERNEL_FEATURES: dict[str, bool] = {
     # alone 6.82 against 6.86 us (docs/kernels/gdn-decode.md); in the 27B decode graph on an H100
     # 7.446 -> 7.406 ms at one request, within a run's spread (docs/performance.md, seventeenth pass)
     "gdn_step_one_row_chunked": False,
+    # the fused GDN decode step also applies the short convolution (its q / k history written by the
+    # key head's last program after a thread block cluster barrier), so the 48 convolution launches of
+    # a 27B decode step go (ops/gdn_decode_fused.py CONV)
+    "gdn_step_conv": False,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
     # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)
     "fp8_row_triton": True,

@@ -148,8 +148,9 @@ inline const Kernel& kernel(const char* name) {
 // are skipped. `pdl`: launch with Programmatic Dependent Launch (sm_90 and later) unless NINFER_PDL=0
 // (`ninfer_launch::pdl_enabled`, shared with the decode GEMVs); the kernel must wait for its
 // predecessor itself before touching memory (Triton's `gdc_wait` first, tests/compiler/ops/test_pdl_kernels.py).
+// `cluster_y` > 1: the grid's blocks in thread block clusters of (1, cluster_y, 1) (gy a multiple of it).
 inline void launch(const char* name, unsigned gx, unsigned gy, unsigned gz, std::initializer_list<void*> args,
-                   int device_id, bool pdl = false) {
+                   int device_id, bool pdl = false, unsigned cluster_y = 1) {
   if (gx == 0 || gy == 0 || gz == 0) return;
   const Kernel& k = kernel(name);
   static uint64_t null_scratch = 0;
@@ -161,9 +162,15 @@ inline void launch(const char* name, unsigned gx, unsigned gy, unsigned gz, std:
   params[n++] = &null_scratch;
   CUstream stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
   CUresult rc = 0;
-  if (pdl && ninfer_launch::pdl_enabled()) {
-    ninfer_launch::LaunchAttr attr = ninfer_launch::programmatic_serialization();
-    const ninfer_launch::LaunchConfig cfg{gx, gy, gz, k.threads, 1, 1, k.shared, stream, &attr, 1u};
+  TVM_FFI_ICHECK(cluster_y >= 1 && gy % cluster_y == 0) << "ninfer_cuda: " << name << ": " << gy
+                                                        << " blocks along y in clusters of " << cluster_y;
+  const bool with_pdl = pdl && ninfer_launch::pdl_enabled();
+  if (with_pdl || cluster_y > 1) {
+    ninfer_launch::LaunchAttr attrs[2];
+    unsigned n_attrs = 0;
+    if (with_pdl) attrs[n_attrs++] = ninfer_launch::programmatic_serialization();
+    if (cluster_y > 1) attrs[n_attrs++] = ninfer_launch::cluster_dimension(1, cluster_y);
+    const ninfer_launch::LaunchConfig cfg{gx, gy, gz, k.threads, 1, 1, k.shared, stream, attrs, n_attrs};
     rc = driver().launch_ex(&cfg, k.fn, params, nullptr);
   } else {
     rc = driver().launch(k.fn, gx, gy, gz, k.threads, 1, 1, k.shared, stream, params, nullptr);

@@ -39,11 +39,11 @@ inline LaunchAttr programmatic_serialization() {
 
 constexpr int kAttrClusterDimension = 4;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (value: unsigned x, y, z)
 
-// The attribute that launches the grid's blocks in clusters of `x` (x, 1, 1).
-inline LaunchAttr cluster_dimension(unsigned x) {
+// The attribute that launches the grid's blocks in clusters of (x, y, 1).
+inline LaunchAttr cluster_dimension(unsigned x, unsigned y = 1u) {
   LaunchAttr attr{};
   attr.id = kAttrClusterDimension;
-  const unsigned dims[3] = {x, 1u, 1u};
+  const unsigned dims[3] = {x, y, 1u};
   memcpy(attr.v.bytes, dims, sizeof dims);
   return attr;
 }

@@ -25,7 +25,7 @@ import triton.language as tl
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
-from .common import kernel_feature, tuned_cuda_kernels
+from .common import dtype_tag, kernel_feature, tuned_cuda_kernels
 from .cuda_extern import current_arch, extern, fill_launcher, inplace_call
 from .gdn_gates import SOFTPLUS_THRESHOLD
 from .pdl import pdl_enter, pdl_mode
@@ -38,12 +38,12 @@ L2_EPS = 1e-6
 
 @triton.jit
 def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, slots, lens, out,
-                      layer, num_slots, eps, xq, xs,
+                      layer, num_slots, eps, xq, xs, conv_w, conv_hist, conv_slots,
                       HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                       Q_SCALE: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_T: tl.constexpr,
                       GATE_K: tl.constexpr = 0, GATE_KP: tl.constexpr = 1, PDL: tl.constexpr = False,
                       XQ: tl.constexpr = False, BV: tl.constexpr = 0, GATE_BK: tl.constexpr = 1024,
-                      PREFETCH: tl.constexpr = False):
+                      PREFETCH: tl.constexpr = False, CONV: tl.constexpr = False, CLUSTER: tl.constexpr = False):
     """Program (b, j): value head j of sequence b.
 
     BV = 0: the whole state slice [DK, DV] in registers, loaded before the PDL wait (few programs:
@@ -61,6 +61,12 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
     XQ: the output also as the int8 activations of the decode GEMVs, at batches of <= 4 rows (`xq` bytes, `xs`
     their scales: the xq layout of ops/qgemv_cuda.cu `v4_stage_i8`, ops/xq_triton.py `xq_store`); DV % 64 == 0, so
     a program owns whole groups of 64 and needs no other program's outputs.
+    CONV: `mixed` is the row before the short convolution (4 taps `conv_w [4, C]`, history `conv_hist [L,
+    conv_slots, 3, C]` bf16), which the program applies to its q, k and v channels itself (ops/conv1d_decode.py's
+    math and roundings) and shifts in the history: its v channels are its own; q and k are shared by the
+    HV / HK programs of a key head, which all read their history and the last of them writes it. CLUSTER: those
+    programs are one thread block cluster (launched so), whose barrier orders every read before that write
+    (without it, only a launch that runs programs one after another in order, as Triton's interpreter does).
     """
     b = tl.program_id(0)
     j = tl.program_id(1)
@@ -88,17 +94,77 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
             rg = tl.arange(0, GATE_KP)
             wa = tl.load(a_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0)
             wb = tl.load(b_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0)
+    if CONV:  # the taps and the history's 3 rows (zeros for a fresh sequence), their partial sums
+        cq = kh * DK + rk
+        ck = HK * DK + kh * DK + rk
+        hist = conv_hist + (layer.to(tl.int64) * conv_slots + slot) * (3 * C)
+        hq0 = tl.where(fresh, 0.0, tl.load(hist + cq))
+        hq1 = tl.where(fresh, 0.0, tl.load(hist + C + cq))
+        hq2 = tl.where(fresh, 0.0, tl.load(hist + 2 * C + cq))
+        hk0 = tl.where(fresh, 0.0, tl.load(hist + ck))
+        hk1 = tl.where(fresh, 0.0, tl.load(hist + C + ck))
+        hk2 = tl.where(fresh, 0.0, tl.load(hist + 2 * C + ck))
+        pq = tl.zeros([DK], tl.float32)
+        pq += tl.load(conv_w + cq).to(tl.float32) * hq0.to(tl.float32)
+        pq += tl.load(conv_w + C + cq).to(tl.float32) * hq1.to(tl.float32)
+        pq += tl.load(conv_w + 2 * C + cq).to(tl.float32) * hq2.to(tl.float32)
+        pk = tl.zeros([DK], tl.float32)
+        pk += tl.load(conv_w + ck).to(tl.float32) * hk0.to(tl.float32)
+        pk += tl.load(conv_w + C + ck).to(tl.float32) * hk1.to(tl.float32)
+        pk += tl.load(conv_w + 2 * C + ck).to(tl.float32) * hk2.to(tl.float32)
+        if BV == 0:
+            cv = 2 * HK * DK + j * DV + rv
+            hv1 = tl.where(fresh, 0.0, tl.load(hist + C + cv))
+            hv2 = tl.where(fresh, 0.0, tl.load(hist + 2 * C + cv))
+            pv = tl.zeros([DV], tl.float32)
+            pv += tl.load(conv_w + cv).to(tl.float32) * tl.where(fresh, 0.0, tl.load(hist + cv)).to(tl.float32)
+            pv += tl.load(conv_w + C + cv).to(tl.float32) * hv1.to(tl.float32)
+            pv += tl.load(conv_w + 2 * C + cv).to(tl.float32) * hv2.to(tl.float32)
+        # rows 1, 2 move to 0, 1 now (the new row 2, the input, is written after the wait), so that no
+        # history value stays live: v's are this program's own; q / k's are written by the key head's last
+        # program once every program of the head has read them (CLUSTER: the cluster's barrier, whose
+        # arrival waits for this program's reads through the sum)
+        last = j % (HV // HK) == HV // HK - 1
+        if CLUSTER:
+            last = last & (cluster_wait(cluster_arrive(tl.sum(pq + pk, 0))) != 0x7FC00001)
+        tl.debug_barrier()  # every thread of the program has read the history
+        if BV == 0:
+            tl.store(hist + cv, hv1)
+            tl.store(hist + C + cv, hv2)
+        if last:
+            tl.store(hist + cq, hq1)
+            tl.store(hist + C + cq, hq2)
+            tl.store(hist + ck, hk1)
+            tl.store(hist + C + ck, hk2)
     if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
         pdl_enter(PDL)
     # After the wait: this step's inputs at once, so their latencies overlap (each reduction below is
     # a block-wide barrier, which no later load would be issued across); all but the gate input `h`,
     # which would cost the one-row form 31 registers a thread (215 -> 246), i.e. its co-residency
     row = mixed + b.to(tl.int64) * C
-    qr = tl.load(row + kh * DK + rk).to(tl.float32)
-    kr = tl.load(row + HK * DK + kh * DK + rk).to(tl.float32)
+    if CONV:  # (the last tap's weights too: fewer registers live across the wait)
+        xqr = tl.load(row + kh * DK + rk)
+        xkr = tl.load(row + HK * DK + kh * DK + rk)
+        wq3 = tl.load(conv_w + 3 * C + cq).to(tl.float32)
+        wk3 = tl.load(conv_w + 3 * C + ck).to(tl.float32)
+    else:
+        qr = tl.load(row + kh * DK + rk).to(tl.float32)
+        kr = tl.load(row + HK * DK + kh * DK + rk).to(tl.float32)
     zf = tl.load(z + (b * HV + j).to(tl.int64) * DV + rv).to(tl.float32)
     if BV == 0:
-        v = tl.load(row + 2 * HK * DK + j * DV + rv).to(tl.float32)
+        if CONV:
+            xv = tl.load(row + 2 * HK * DK + j * DV + rv)
+            v = conv_silu(pv + tl.load(conv_w + 3 * C + cv).to(tl.float32) * xv.to(tl.float32))
+        else:
+            v = tl.load(row + 2 * HK * DK + j * DV + rv).to(tl.float32)
+    if CONV:
+        if BV == 0:
+            tl.store(hist + 2 * C + cv, xv)
+        if last:
+            tl.store(hist + 2 * C + cq, xqr)
+            tl.store(hist + 2 * C + ck, xkr)
+        qr = conv_silu(pq + wq3 * xqr.to(tl.float32))
+        kr = conv_silu(pk + wk3 * xkr.to(tl.float32))
     if GATE_K == 0:
         a_pre = tl.load(a_in + b * HV + j).to(tl.float32)
         b_pre = tl.load(b_in + b * HV + j).to(tl.float32)
@@ -150,7 +216,19 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
             else:
                 s = tl.load(s_ptr)
             s = tl.where(fresh, 0.0, s) * decay
-            v = tl.load(row + 2 * HK * DK + j * DV + rc).to(tl.float32)
+            if CONV:  # this chunk's v channels: taps, history and input at once
+                cc = 2 * HK * DK + j * DV + rc
+                xc = tl.load(row + cc)
+                hc0 = tl.where(fresh, 0.0, tl.load(hist + cc))
+                hc1 = tl.where(fresh, 0.0, tl.load(hist + C + cc))
+                hc2 = tl.where(fresh, 0.0, tl.load(hist + 2 * C + cc))
+                pc = tl.zeros([BV], tl.float32)
+                pc += tl.load(conv_w + cc).to(tl.float32) * hc0.to(tl.float32)
+                pc += tl.load(conv_w + C + cc).to(tl.float32) * hc1.to(tl.float32)
+                pc += tl.load(conv_w + 2 * C + cc).to(tl.float32) * hc2.to(tl.float32)
+                v = conv_silu(pc + tl.load(conv_w + 3 * C + cc).to(tl.float32) * xc.to(tl.float32))
+            else:
+                v = tl.load(row + 2 * HK * DK + j * DV + rc).to(tl.float32)
             ks = tl.sum(s * k[:, None], 0)
             u = beta * (v - ks)
             s = s + k[:, None] * u[None, :]
@@ -159,6 +237,11 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
             oc = o.to(tl.bfloat16)
             sq += oc.to(tl.float32) * oc.to(tl.float32)
             tl.store(out_row + rc, oc)
+            if CONV:  # every thread has read the chunk's history
+                tl.debug_barrier()
+                tl.store(hist + cc, hc1)
+                tl.store(hist + C + cc, hc2)
+                tl.store(hist + 2 * C + cc, xc)
         sum_sq = tl.sum(sq, 0)
         tl.debug_barrier()  # this program's chunks of `out` are written (read back by other threads)
         ob = tl.load(out_row + rv).to(tl.float32)
@@ -171,6 +254,28 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
     if XQ:  # (a batch of more than 4 rows: the GEMV reads `out`, so nothing is written)
         if tl.num_programs(0) <= 4:
             xq_store(res.to(tl.bfloat16).to(tl.float32), xq, xs, b, j * DV, DV)
+
+
+@triton.jit
+def conv_silu(acc):
+    """The convolution's output as ops/conv1d_decode.py rounds it: silu in fp32, stored as bf16."""
+    return (acc * (1.0 / (1.0 + tl.exp(-acc)))).to(tl.bfloat16).to(tl.float32)
+
+
+@triton.jit
+def cluster_arrive(x):
+    """This thread's arrival at its thread block cluster's barrier, with release semantics (its memory
+    accesses so far are performed before any thread of the cluster passes the wait); `x`, returned, is
+    what the arrival must come after."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;\nbarrier.cluster.arrive.release;", "=r,r",
+                                     [x.to(tl.int32, bitcast=True)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def cluster_wait(token):
+    """Wait until every thread of the cluster has arrived (acquire); returns `token`, for what must follow."""
+    return tl.inline_asm_elementwise("barrier.cluster.wait.acquire;\nmov.b32 $0, $1;", "=r,r", [token],
+                                     dtype=tl.int32, is_pure=False, pack=1)
 
 
 @dataclass(frozen=True)
@@ -215,20 +320,23 @@ def launch_shapes(dv: int) -> dict[int | None, Shape]:
 
 def image(hk: int, hv: int, dk: int, dv: int, w_dtype: str, gate_param_dtype: str, arch: str,
           gate_k: int = 0, xq: bool = False, bv: int = 0, num_warps: int = 8,
-          gate_bk: int = 1024, prefetch: bool = False) -> KernelImage:
+          gate_bk: int = 1024, prefetch: bool = False, conv_dtype: str | None = None) -> KernelImage:
     """The kernel for one model's head geometry and parameter dtypes (`gate_k`: see GATE_K; `xq`: XQ;
-    `bv`: BV, 0 for the whole slice; `gate_bk`: GATE_BK; `prefetch`: PREFETCH)."""
+    `bv`: BV, 0 for the whole slice; `gate_bk`: GATE_BK; `prefetch`: PREFETCH; `conv_dtype`: the
+    convolution weight's dtype for CONV, launched in clusters (CLUSTER), or None)."""
     wt = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
     return compile_kernel(
         gdn_decode_kernel,
         signature={"mixed": "*bf16", "a_in": "*bf16", "b_in": "*bf16", "h": "*bf16", "a_log": f"*{wt[gate_param_dtype]}",
                    "dt_bias": f"*{wt[gate_param_dtype]}", "z": "*bf16", "norm_w": f"*{wt[w_dtype]}",
                    "state": "*fp32", "slots": "*i32", "lens": "*i32", "out": "*bf16", "layer": "i32",
-                   "num_slots": "i32", "eps": "fp32", "xq": "*i8", "xs": "*fp32"},
+                   "num_slots": "i32", "eps": "fp32", "xq": "*i8", "xs": "*fp32",
+                   "conv_w": f"*{wt[conv_dtype or 'bfloat16']}", "conv_hist": "*bf16", "conv_slots": "i32"},
         constants={"HK": hk, "HV": hv, "DK": dk, "DV": dv, "Q_SCALE": dk**-0.5, "L2_EPS": L2_EPS,
                    "SOFTPLUS_T": SOFTPLUS_THRESHOLD, "GATE_K": gate_k,
                    "GATE_KP": triton.next_power_of_2(gate_k) if gate_k else 1, "PDL": pdl_mode(), "XQ": xq, "BV": bv,
-                   "GATE_BK": gate_bk, "PREFETCH": prefetch},
+                   "GATE_BK": gate_bk, "PREFETCH": prefetch, "CONV": conv_dtype is not None,
+                   "CLUSTER": conv_dtype is not None},
         arch=arch, num_warps=num_warps, num_stages=1,
     )
 
@@ -242,10 +350,12 @@ using tvm::ffi::TensorView;
 // GATE_K > 0: `a`, `b` are the gate projections [HV, GATE_K] and `h` the layer input [B, 1, GATE_K];
 // else `a`, `b` are the gate pre-activations [B, 1, HV] and `h` is not read.
 // XQ: `xq` (uint8, HV * DV * 8 + HV * DV / 256 * 64 bytes) also gets `out` as int8 activations (<= 4 rows).
+// CONV: `mixed` is the row before the short convolution, applied by the kernel with `conv_w` [4, C], which
+// shifts `conv_state` [L, S, 3, C] (bf16, in place); the programs of a key head are one cluster.
 @RESULT@ gdn_decode(
     TensorView mixed, TensorView a, TensorView b, TensorView h, TensorView a_log, TensorView dt_bias, TensorView z,
-    TensorView norm_w, TensorView slots, TensorView lens, int64_t layer, double eps, tvm::ffi::Tensor out,
-    @XQ_PARAM@tvm::ffi::Tensor state) {
+    TensorView norm_w, TensorView slots, TensorView lens, int64_t layer, double eps, @CONV_IN@tvm::ffi::Tensor out,
+    @XQ_PARAM@tvm::ffi::Tensor state@CONV_OUT@) {
   const int64_t batch = mixed.shape()[0];
   TVM_FFI_ICHECK(state.ndim() == 5 && state.shape()[2] == @HV@ && state.shape()[3] == @DK@ && state.shape()[4] == @DV@)
       << "ninfer_gdn_decode: state shape";
@@ -256,8 +366,10 @@ using tvm::ffi::TensorView;
       << "ninfer_gdn_decode: gate projection shapes";
   TVM_FFI_ICHECK(gate_weights || (a.numel() == batch * @HV@ && b.numel() == batch * @HV@))
       << "ninfer_gdn_decode: gate shapes";
-  uint64_t xq_bytes = 0, xs_bytes = 0;
+  uint64_t xq_bytes = 0, xs_bytes = 0, conv_w_bytes = 0, conv_bytes = 0;
+  int32_t conv_slots = 0;
   @XQ_ADDRESSES@
+  @CONV_ADDRESSES@
   uint64_t p[14] = {ninfer_cuda::pointer(mixed, "mixed"), reinterpret_cast<uint64_t>(ninfer_cuda::address(a)),
                     reinterpret_cast<uint64_t>(ninfer_cuda::address(b)), reinterpret_cast<uint64_t>(ninfer_cuda::address(h)),
                     reinterpret_cast<uint64_t>(ninfer_cuda::address(a_log)),
@@ -272,8 +384,8 @@ using tvm::ffi::TensorView;
   const char* kernel = @KERNEL_CHOICE@;
   ninfer_cuda::launch(kernel, static_cast<unsigned>(batch), @HV@, 1,
                       {&p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8], &p[9], &p[10], &p[11],
-                       &layer32, &num_slots, &eps32, &p[12], &p[13]},
-                      mixed.device().device_id, /*pdl=*/true);
+                       &layer32, &num_slots, &eps32, &p[12], &p[13], &conv_w_bytes, &conv_bytes, &conv_slots},
+                      mixed.device().device_id, /*pdl=*/true, /*cluster_y=*/@CLUSTER_Y@);
   return @RESULT@(@RETURNED@);
 }
 }  // namespace
@@ -291,17 +403,29 @@ def kernel_choice(kernels: dict[str, int | None]) -> str:
 
 
 def launcher_values(hv: int, dk: int, dv: int, gate_k: int, kernels: dict[str, int | None], symbol: str,
-                    xq: bool) -> dict:
+                    xq: bool, conv_channels: int = 0, cluster: int = 1) -> dict:
     """LAUNCHER's placeholders for the kernel images `kernels` (key: the most rows it is launched at, see
-    `kernel_choice`; `xq`: the form that also writes int8 activations)."""
+    `kernel_choice`; `xq`: the form that also writes int8 activations; `conv_channels`: C of the form that
+    applies the convolution (0: none), launched in clusters of `cluster` programs along the heads)."""
     width = hv * dv
-    two, three = "tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor>", "tvm::ffi::Tuple<tvm::ffi::Tensor, tvm::ffi::Tensor, tvm::ffi::Tensor>"
+    tensors = 2 + xq + (conv_channels > 0)
     addresses = ("TVM_FFI_ICHECK(xq.numel() == " + str(width * 8 + width // 256 * 64) + " && xq.dtype().bits == 8) "
                  '<< "ninfer_gdn_decode: xq size";\n  xq_bytes = ninfer_cuda::pointer(xq, "xq"); '
                  f"xs_bytes = xq_bytes + {width * 8};") if xq else ""
+    conv = (f"TVM_FFI_ICHECK(conv_state.ndim() == 4 && conv_state.shape()[2] == 3 && conv_state.shape()[3] == {conv_channels}"
+            f" && conv_w.ndim() == 2 && conv_w.shape()[0] == 4 && conv_w.shape()[1] == {conv_channels} && "
+            f"mixed.numel() == batch * {conv_channels} && conv_state.dtype().bits == 16)"
+            ' << "ninfer_gdn_decode: convolution shapes";\n'
+            '  TVM_FFI_ICHECK(layer >= 0 && layer < conv_state.shape()[0]) << "ninfer_gdn_decode: convolution layer";\n'
+            '  conv_w_bytes = ninfer_cuda::pointer(conv_w, "conv_w"); conv_bytes = ninfer_cuda::pointer(conv_state, '
+            '"conv_state");\n  conv_slots = static_cast<int32_t>(conv_state.shape()[1]);') if conv_channels else ""
+    returned = "out, " + ("xq, " if xq else "") + "state" + (", conv_state" if conv_channels else "")
     return {"HV": hv, "DK": dk, "DV": dv, "GATE_K": gate_k, "KERNEL_CHOICE": kernel_choice(kernels), "SYMBOL": symbol,
-            "RESULT": three if xq else two, "XQ_PARAM": "tvm::ffi::Tensor xq, " if xq else "",
-            "XQ_ADDRESSES": addresses, "RETURNED": "out, xq, state" if xq else "out, state"}
+            "RESULT": "tvm::ffi::Tuple<" + ", ".join(["tvm::ffi::Tensor"] * tensors) + ">",
+            "XQ_PARAM": "tvm::ffi::Tensor xq, " if xq else "", "XQ_ADDRESSES": addresses, "RETURNED": returned,
+            "CONV_IN": "TensorView conv_w, " if conv_channels else "",
+            "CONV_OUT": ", tvm::ffi::Tensor conv_state" if conv_channels else "", "CONV_ADDRESSES": conv,
+            "CLUSTER_Y": cluster}
 
 
 def xq_supported(hv: int, dv: int) -> bool:
@@ -328,31 +452,50 @@ def gates_foldable(h: nn.Tensor, a_weight: nn.Tensor | None, b_weight: nn.Tensor
             and all(str(w.dtype) == "bfloat16" and tuple(w.shape) == (hv, k) for w in (a_weight, b_weight)))
 
 
+def conv_supported(conv_weight: nn.Tensor, conv_state: nn.Tensor, hk: int, hv: int) -> bool:
+    """Whether the step can apply the short convolution itself (kernel feature `gdn_step_conv`): 4 taps,
+    a bf16 history, and a key head's programs few enough for one thread block cluster (<= 8)."""
+    if not kernel_feature("gdn_step_conv"):
+        return False
+    taps = conv_weight.shape[0]
+    return (isinstance(taps, int) and taps == 4 and str(conv_state.dtype) == "bfloat16"
+            and str(conv_weight.dtype) in ("bfloat16", "float32", "float16") and hv % hk == 0 and hv // hk <= 8)
+
+
 def gdn_decode_fused(
     mixed: nn.Tensor, a: nn.Tensor, b: nn.Tensor, a_log: nn.Tensor, dt_bias: nn.Tensor, z: nn.Tensor,
     norm_w: nn.Tensor, gdn_state: nn.Tensor, slot_ids: nn.Tensor, seq_lens: nn.Tensor, layer: int,
     eps: float, hk: int, hv: int, dk: int, dv: int, h: nn.Tensor | None = None, with_xq: bool = False,
+    conv: tuple[nn.Tensor, nn.Tensor] | None = None,
 ) -> tuple[nn.Tensor, ...]:
     """`(out [B, 1, Hv*dv] bf16, gdn_state)` for post-conv `mixed [B, 1, 2*Hk*dk + Hv*dv]`;
     `with_xq` (`xq_supported`): `(out, its int8 activations (uint8, written at <= 4 rows), gdn_state)`.
+    `conv` (`conv_supported`): `(convolution weight [4, C], conv_state)`; `mixed` is then the row before
+    the convolution, which the step applies, and the updated conv_state is returned last.
 
     `a`, `b`: the gate pre-activations `[B, 1, Hv]`, or with `h` (the layer input `[B, 1, K]`, see
     `gates_foldable`) the gate projections' weights `[Hv, K]`."""
     if with_xq and not xq_supported(hv, dv):
         raise ValueError(f"gdn_decode_fused: int8 activations need dv % 64 == 0 and Hv*dv % 256 == 0, got {hv}x{dv}")
+    if conv is not None and not (hv % hk == 0 and hv // hk <= 8 and conv[0].shape[0] == 4):
+        raise ValueError(f"gdn_decode_fused: the convolution needs 4 taps and Hv / Hk <= 8, got {hk} / {hv}")
     arch = current_arch()
     gate_k = 0 if h is None else int(h.shape[-1])
     by_rows = kernel_feature("gdn_step_by_batch")
+    conv_dtype = None if conv is None else str(conv[0].dtype)
     images = {}
     for rows, sh in launch_shapes(dv).items():
         images[f"gdn_decode_{rows or 'any'}"] = (rows, image(
             hk, hv, dk, dv, str(norm_w.dtype), str(a_log.dtype), arch, gate_k, with_xq, sh.bv, sh.warps,
-            gate_bk=sh.gate_bk, prefetch=sh.prefetch))
-    tag = (f"_g{gate_k}" if gate_k else "") + ("_xq" if with_xq else "") + ("" if by_rows else "_one")
+            gate_bk=sh.gate_bk, prefetch=sh.prefetch, conv_dtype=conv_dtype))
+    tag = ((f"_g{gate_k}" if gate_k else "") + ("_xq" if with_xq else "") + ("" if by_rows else "_one")
+           + ("" if conv is None else f"_conv{dtype_tag(conv_dtype)}"))
     key = f"gdn_decode_{hk}_{hv}_{dk}_{dv}_{norm_w.dtype}_{a_log.dtype}_g{gate_k}" + tag
     symbol = f"{SYMBOL}_{hk}_{hv}_{dk}_{dv}{tag}"
+    channels = 2 * hk * dk + hv * dv
     launcher = fill_launcher(LAUNCHER, launcher_values(
-        hv, dk, dv, gate_k, {name: rows for name, (rows, _) in images.items()}, symbol, with_xq))
+        hv, dk, dv, gate_k, {name: rows for name, (rows, _) in images.items()}, symbol, with_xq,
+        conv_channels=0 if conv is None else channels, cluster=1 if conv is None else hv // hk))
     # registers the launcher library with the export (the call itself is emitted below)
     extern(key, {symbol: lambda *args: args[-1]}, launcher, {name: img for name, (_, img) in images.items()})
     out = op.empty([mixed.shape[0], 1, hv * dv], "bfloat16", name="gdn_decode_out")
@@ -360,6 +503,9 @@ def gdn_decode_fused(
     if with_xq:
         width = hv * dv
         mutated.insert(1, op.empty([width * 8 + width // 256 * 64], "uint8", name="gdn_decode_xq"))
-    result = inplace_call(symbol, [mixed, a, b, a if h is None else h, a_log, dt_bias, z, norm_w, slot_ids,
-                                   seq_lens, layer, eps], mutated)
+    inputs = [mixed, a, b, a if h is None else h, a_log, dt_bias, z, norm_w, slot_ids, seq_lens, layer, eps]
+    if conv is not None:
+        inputs.append(conv[0])
+        mutated.append(conv[1])
+    result = inplace_call(symbol, inputs, mutated)
     return tuple(result[i] for i in range(len(mutated)))

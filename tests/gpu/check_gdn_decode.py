@@ -239,7 +239,7 @@ def run(out_dir: Path, reps: int) -> int:
                 args = (ptr(inp.mixed), ptr(inp.wa[layer]), ptr(inp.wb[layer]), ptr(inp.h), ptr(inp.a_log),
                         ptr(inp.dt_bias), ptr(inp.z), ptr(inp.norm_w), ptr(state), ptr(inp.slots), ptr(inp.lens),
                         ptr(out), np.int32(layer), np.int32(SLOTS), np.float32(1e-5), ptr(xq),
-                        np.uint64(xq.data_ptr() + width * 8), *null)
+                        np.uint64(xq.data_ptr() + width * 8), np.uint64(0), np.uint64(0), np.int32(0), *null)
                 fn((inp.batch, HV, 1), (meta["threads"], 1, 1), args, shared_mem=meta["shared"])
 
             try:
@@ -303,7 +303,7 @@ def small() -> int:
                 interpreted(gdn_decode_kernel)[(inp.batch, HV)](
                     inp.mixed, inp.wa[layer], inp.wb[layer], inp.h, inp.a_log, inp.dt_bias, inp.z, inp.norm_w, state,
                     inp.slots, inp.lens, out32, layer, SLOTS, 1e-5, xq.view(torch.int8), xq[width * 8:].view(torch.float32),
-                    HK=HK, HV=HV, DK=DK, DV=DV, Q_SCALE=DK**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD,
+                    inp.mixed, inp.mixed, 0, HK=HK, HV=HV, DK=DK, DV=DV, Q_SCALE=DK**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD,
                     GATE_K=GATE_K, GATE_KP=128, XQ=True, BV=bv, GATE_BK=gate_bk, PREFETCH=prefetch)
                 out.copy_(out32.bfloat16())
             failed += not check_one(inp, launch, name, results, print, keep)

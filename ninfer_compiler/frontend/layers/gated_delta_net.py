@@ -88,9 +88,13 @@ class GatedDeltaNet(nn.Module):
                 h, [[self.query, self.key, self.value], [self.z], [self.a_projection], [self.b_projection]]
             )
             gate_input = None
-        mixed, conv_state = causal_conv1d_with_state(
-            mixed, self.convolution, conv_state, slot_ids, seq_lens, layer
-        )
+        # decode on CUDA: the step kernel may apply the convolution itself (one launch less per layer)
+        conv = ((self.convolution, conv_state) if fused_step and gdn_decode_fused.conv_supported(
+            self.convolution, conv_state, self.hk, self.hv) else None)
+        if conv is None:
+            mixed, conv_state = causal_conv1d_with_state(
+                mixed, self.convolution, conv_state, slot_ids, seq_lens, layer
+            )
         if fused_step:
             # decode on CUDA: gates, norms, the rule and the gated norm in one kernel, which also
             # writes its output as int8 activations where the output projection reads them (z has
@@ -99,9 +103,12 @@ class GatedDeltaNet(nn.Module):
                     seq_lens, layer, self.norm.eps, self.hk, self.hv, self.dk, self.dv)
             if gdn_decode_fused.xq_supported(self.hv, self.dv) and fused_linear.add_reads_int8(
                     z, self.output, "gemv_int8_gdn_out"):
-                o, oq, gdn_state = gdn_decode_fused.gdn_decode_fused(*step, h=gate_input, with_xq=True)
+                o, oq, gdn_state, *conv_out = gdn_decode_fused.gdn_decode_fused(
+                    *step, h=gate_input, with_xq=True, conv=conv)
+                conv_state = conv_out[0] if conv_out else conv_state
                 return fused_linear.linear_add_i8(o, oq, self.output, residual), gdn_state, conv_state
-            o, gdn_state = gdn_decode_fused.gdn_decode_fused(*step, h=gate_input)
+            o, gdn_state, *conv_out = gdn_decode_fused.gdn_decode_fused(*step, h=gate_input, conv=conv)
+            conv_state = conv_out[0] if conv_out else conv_state
             return fused_linear.linear_add(o, self.output, residual), gdn_state, conv_state
         key_width = self.hk * self.dk
         q, k, v = op.split(mixed, [key_width, 2 * key_width], axis=-1)

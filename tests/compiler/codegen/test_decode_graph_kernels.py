@@ -54,3 +54,40 @@ def test_model_decode_graph_captures_the_fused_step(tiny_artifact):
     with ttarget, reference_kernels():
         ref, _ = export_module(model, model.upper_bounds(max_prefill_tokens=128, max_batch=8))
     assert "ninfer_" not in ref.script()  # no extern kernel at all
+
+
+def test_decode_graph_with_the_convolution_in_the_step(tiny_artifact, monkeypatch):
+    """`gdn_step_conv`: decode's GDN layers launch no convolution kernel; the step reads the multi
+    launch's row before the convolution, takes the layer's taps and threads the history it updates
+    from call to call (prefill keeps its convolution)."""
+    import re
+
+    from ninfer_compiler.build import export_module
+    from ninfer_compiler.codegen.targets import tvm_target
+    from ninfer_compiler.frontend.options import ModelOptions
+    from ninfer_compiler.frontend.qwen3_5 import binding
+    from ninfer_compiler.frontend.qwen3_5.model import Qwen35ForCausalLM
+    from ninfer_runtime import targets
+    from ninfer_runtime.artifact import Artifact
+
+    require_tool("nvcc", "the CUDA toolkit builds device code")
+    monkeypatch.setenv("NINFER_KERNELS", "+gdn_step_conv")
+    target = targets.load("h200")
+    ttarget = tvm_target(target)
+    with Artifact(tiny_artifact) as art:
+        cfg, plan = binding.model_config(art), binding.weight_plan(art, target)
+    model = Qwen35ForCausalLM(cfg, ModelOptions(dtype="bfloat16", weights=plan))
+    with ttarget:
+        mod, _ = export_module(model, model.upper_bounds(max_prefill_tokens=128, max_batch=8))
+    decode = mod["decode"].script()
+    assert "ninfer_conv1d_decode" not in decode and "causal_conv1d" not in decode
+    calls = re.findall(r"(\w+): R\.Tuple\(.*?\) = R\.call_inplace_packed\(\"ninfer_gdn_decode_\w+_conv\w*\", "
+                       r"(.*?), inplace_indices", decode)
+    assert len(calls) == sum(kind == "linear_attention" for kind in cfg.layer_types) > 0
+    for layer, (_, args) in enumerate(calls):
+        assert f"layers_{layer}_gdn_convolution" in args
+    for (previous, _), (_, args) in zip(calls[:-1], calls[1:], strict=True):
+        # the history the call before returned (its last output) goes into this one
+        history = re.search(rf"(\w+): R\.Tensor\(.*?\) = {previous}\[2\]", decode)
+        assert history is not None and history.group(1) in args.split(", ")
+    assert "causal_conv1d" in mod["prefill"].script()

@@ -73,7 +73,7 @@ def test_interpreter_matches_the_unfused_math(bv):
     st = state.clone()
     unused = torch.zeros(1, dtype=torch.int8)
     interpreted(gdn_decode_kernel)[(B, HV)](
-        mixed, a, b, a, a_log, dt_bias, z, w, st, slots, lens, out, 1, S, 1e-5, unused, unused.float(),
+        mixed, a, b, a, a_log, dt_bias, z, w, st, slots, lens, out, 1, S, 1e-5, unused, unused.float(), mixed, mixed, 0,
         HK=HK, HV=HV, DK=DK, DV=DV, Q_SCALE=DK**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, BV=bv)
 
     def f64(x):
@@ -85,6 +85,66 @@ def test_interpreter_matches_the_unfused_math(bv):
     # bf16 roundings inside (o, normed) can flip one ulp between float32 and float64 paths
     np.testing.assert_allclose(out.double().numpy(), ref_out, rtol=2e-2, atol=2e-2)
     np.testing.assert_array_equal(st[0].numpy(), state[0].numpy())  # other layers untouched
+
+
+@pytest.mark.parametrize("bv", [0, 8])
+def test_interpreter_applies_the_convolution(bv):
+    """CONV: the step fed the row before the convolution matches the step fed the convolution kernel's
+    output (ops/conv1d_decode.py, its fp32 output rounded to bf16 as its store does), and shifts the
+    history as that kernel does: every channel of the rows' slots, zeros for the fresh sequence, the
+    other slots and layers untouched (the interpreter runs a key head's programs in order, so its last
+    program's q / k history write comes after the others' reads, which a cluster barrier orders on a GPU)."""
+    from ninfer_compiler.ops.conv1d_decode import conv1d_decode_kernel
+    from ninfer_compiler.ops.gdn_decode_fused import L2_EPS, gdn_decode_kernel
+    from ninfer_compiler.ops.gdn_gates import SOFTPLUS_THRESHOLD
+    from ninfer_compiler.ops.triton_aot import interpreted
+
+    rng = np.random.default_rng(3)
+    B, L, S, layer = 3, 2, 5, 1
+
+    def t(x, dt=torch.bfloat16):
+        return torch.tensor(np.asarray(x), dtype=dt)
+
+    raw = t(rng.standard_normal((B, C)))
+    conv_w = t(rng.standard_normal((4, C)) * 0.5)
+    hist0 = t(rng.standard_normal((L, S, 3, C)))
+    a, b = t(rng.standard_normal((B, HV))), t(rng.standard_normal((B, HV)))
+    a_log, dt_bias = t(rng.standard_normal(HV) * 0.5, torch.float32), t(rng.standard_normal(HV), torch.float32)
+    z = t(rng.standard_normal((B, HV * DV)))
+    w = t(rng.standard_normal(DV), torch.float32)
+    state = t(rng.standard_normal((L, S, HV, DK, DV)), torch.float32)
+    slots, lens = t([4, 0, 2], torch.int32), t([7, 3, 0], torch.int32)  # the third starts fresh
+    consts = dict(HK=HK, HV=HV, DK=DK, DV=DV, Q_SCALE=DK**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, BV=bv)
+    unused = torch.zeros(1, dtype=torch.int8)
+
+    # the reference: the convolution kernel (fp32 output, rounded to bf16 here), then the step
+    y32 = torch.full((B, C), float("nan"), dtype=torch.float32)
+    hist_ref = hist0.clone()
+    interpreted(conv1d_decode_kernel)[(triton_cdiv(C, 64), B)](raw, conv_w, hist_ref, slots, lens, y32, layer, S,
+                                                                  C=C, K=4, BLOCK=64)
+    out_ref = torch.full((B, HV * DV), float("nan"), dtype=torch.float32)
+    st_ref = state.clone()
+    interpreted(gdn_decode_kernel)[(B, HV)](
+        y32.bfloat16(), a, b, a, a_log, dt_bias, z, w, st_ref, slots, lens, out_ref, layer, S, 1e-5, unused,
+        unused.float(), raw, raw, 0, **consts)
+
+    out = torch.full((B, HV * DV), float("nan"), dtype=torch.float32)
+    st = state.clone()
+    hist = hist0.clone()
+    interpreted(gdn_decode_kernel)[(B, HV)](
+        raw, a, b, a, a_log, dt_bias, z, w, st, slots, lens, out, layer, S, 1e-5, unused, unused.float(),
+        conv_w, hist, S, **consts, CONV=True)
+    assert torch.isfinite(out).all()
+    np.testing.assert_allclose(out.numpy(), out_ref.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(st.numpy(), st_ref.numpy(), rtol=1e-6, atol=1e-6)
+    assert torch.equal(hist, hist_ref)
+    assert not torch.equal(hist[layer, 4], hist0[layer, 4])  # (the rows' slots did change)
+    assert torch.equal(hist[layer, 2, :2], torch.zeros_like(hist[layer, 2, :2]))  # fresh: zeros, then x
+    assert torch.equal(hist[layer, 2, 2], raw[2])
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 @pytest.mark.parametrize("bv", [0, 16])
@@ -119,7 +179,8 @@ def test_interpreter_folds_the_gate_projections(bv):
         out = torch.full((B, HV * DV), float("nan"), dtype=torch.float32)
         st = state.clone()
         interpreted(gdn_decode_kernel)[(B, HV)](mixed, *args, a_log, dt_bias, z, w, st, slots, lens, out, 0, S, 1e-5,
-                                                torch.zeros(1, dtype=torch.int8), torch.zeros(1), **consts, **extra)
+                                                torch.zeros(1, dtype=torch.int8), torch.zeros(1), mixed, mixed, 0,
+                                                **consts, **extra)
         outs.append(out)
         states.append(st)
     assert torch.isfinite(outs[1]).all()
@@ -165,6 +226,55 @@ def test_h200_library_with_folded_gates(tmp_path):
     assert f"ninfer_gdn_decode_{HK}_{HV}_{DK}_{DV}_g{K}".encode() in lib.read_bytes()
 
 
+def test_h200_library_with_the_convolution(tmp_path, monkeypatch):
+    """`conv`: the call takes the convolution weight and returns the history it updates in place; the
+    launcher (built warning-free) checks the convolution's shapes and launches clusters of HV / HK."""
+    from ninfer_compiler.ops import gdn_decode_fused as fused
+
+    monkeypatch.setenv("NINFER_KERNELS", "+gdn_step_conv")
+
+    def main(mixed, a, b, a_log, dt_bias, z, w, state, slots, lens, conv_w, conv_state):
+        assert fused.conv_supported(conv_w, conv_state, HK, HV)
+        out, state, conv_state = fused.gdn_decode_fused(mixed, a, b, a_log, dt_bias, z, w, state, slots, lens, 1,
+                                                        1e-5, HK, HV, DK, DV, conv=(conv_w, conv_state))
+        return out, state, conv_state
+
+    inputs = {"mixed": (["b", 1, C], "bfloat16"), "a": (["b", 1, HV], "bfloat16"), "b": (["b", 1, HV], "bfloat16"),
+              "a_log": ([HV], "float32"), "dt_bias": ([HV], "float32"), "z": (["b", 1, HV * DV], "bfloat16"),
+              "w": ([DV], "float32"), "state": ([2, "s", HV, DK, DV], "float32"), "slots": (["b"], "int32"),
+              "lens": (["b"], "int32"), "conv_w": ([4, C], "bfloat16"), "conv_state": ([2, "s", 3, C], "bfloat16")}
+    text, lib = h200_library(main, inputs, tmp_path / "model.so")
+    assert f"ninfer_gdn_decode_{HK}_{HV}_{DK}_{DV}_convbf16" in text
+    values = fused.launcher_values(HV, DK, DV, 0, {"k": None}, "sym", False, conv_channels=C, cluster=HV // HK)
+    assert values["CLUSTER_Y"] == HV // HK and "conv_state.shape()[3] == " + str(C) in values["CONV_ADDRESSES"]
+    assert values["RETURNED"] == "out, state, conv_state"
+
+
+class _Shaped:
+    """The shape and dtype `conv_supported` reads."""
+
+    def __init__(self, rows: int, dtype: str) -> None:
+        self.shape, self.dtype = (rows, C), dtype
+
+
+def test_convolution_needs_four_taps_a_bf16_history_and_small_clusters(monkeypatch):
+    import tvm
+
+    from ninfer_compiler.ops import gdn_decode_fused as fused
+
+    weight, history = _Shaped(4, "bfloat16"), _Shaped(3, "bfloat16")
+    with tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}):
+        monkeypatch.setenv("NINFER_KERNELS", "+gdn_step_conv")
+        assert fused.conv_supported(weight, history, HK, HV)
+        assert not fused.conv_supported(_Shaped(3, "bfloat16"), _Shaped(2, "bfloat16"), HK, HV)  # 3 taps
+        assert not fused.conv_supported(weight, _Shaped(3, "float32"), HK, HV)
+        assert not fused.conv_supported(weight, history, 1, 16)  # 16 programs a cluster
+        monkeypatch.setenv("NINFER_KERNELS", "-gdn_step_conv")
+        assert not fused.conv_supported(weight, history, HK, HV)
+    monkeypatch.setenv("NINFER_KERNELS", "+gdn_step_conv")
+    assert not fused.conv_supported(weight, history, HK, HV)  # not a CUDA target
+
+
 @pytest.mark.parametrize("bv", [0, 32])
 def test_interpreter_writes_int8_activations(bv):
     """XQ: a batch of 4 rows' output also as the decode GEMVs' int8 activations, byte for byte what
@@ -201,7 +311,7 @@ def test_interpreter_writes_int8_activations(bv):
             xq = torch.full((width * 8 + width // 256 * 64,), 0x5A, dtype=torch.uint8)
             interpreted(gdn_decode_kernel)[(rows, hv)](
                 mixed[:rows], a[:rows], b[:rows], a, a_log, dt_bias, z[:rows], w, st, slots, lens, out, 0, S, 1e-5,
-                xq.view(torch.int8), xq[width * 8:].view(torch.float32), **consts, XQ=xq_on)
+                xq.view(torch.int8), xq[width * 8:].view(torch.float32), mixed, mixed, 0, **consts, XQ=xq_on)
             runs[rows, xq_on] = (out, st, xq)
         assert torch.equal(runs[rows, False][0], runs[rows, True][0])
         assert torch.equal(runs[rows, False][1], runs[rows, True][1])
