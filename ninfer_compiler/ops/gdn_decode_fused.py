@@ -28,7 +28,7 @@ from tvm.relax.frontend.nn import op
 from .common import dtype_tag, kernel_feature, tuned_cuda_kernels
 from .cuda_extern import current_arch, extern, fill_launcher, inplace_call
 from .gdn_gates import SOFTPLUS_THRESHOLD
-from .pdl import pdl_enter, pdl_mode
+from .pdl import pdl_enter, pdl_mode, pdl_trigger_early
 from .triton_aot import KernelImage, compile_kernel
 from .xq_triton import xq_store
 
@@ -95,6 +95,8 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
             wa = tl.load(a_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0)
             wb = tl.load(b_in + j * GATE_K + rg, mask=rg < GATE_K, other=0.0)
     if CONV:  # the taps and the history's 3 rows (zeros for a fresh sequence), their partial sums
+        if CLUSTER and PDL:  # (the cluster barrier below waits for the state's loads)
+            pdl_trigger_early(PDL)
         cq = kh * DK + rk
         ck = HK * DK + kh * DK + rk
         hist = conv_hist + (layer.to(tl.int64) * conv_slots + slot) * (3 * C)
@@ -120,13 +122,19 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
             pv += tl.load(conv_w + cv).to(tl.float32) * tl.where(fresh, 0.0, tl.load(hist + cv)).to(tl.float32)
             pv += tl.load(conv_w + C + cv).to(tl.float32) * hv1.to(tl.float32)
             pv += tl.load(conv_w + 2 * C + cv).to(tl.float32) * hv2.to(tl.float32)
-        # rows 1, 2 move to 0, 1 now (the new row 2, the input, is written after the wait), so that no
-        # history value stays live: v's are this program's own; q / k's are written by the key head's last
-        # program once every program of the head has read them (CLUSTER: the cluster's barrier, whose
-        # arrival waits for this program's reads through the sum)
+        # v's history is this program's own; q / k's is written by the key head's last program once every
+        # program of the head has read it (CLUSTER: the cluster's barrier, whose arrival waits for this
+        # program's reads through the sum)
         last = j % (HV // HK) == HV // HK - 1
         if CLUSTER:
             last = last & (cluster_wait(cluster_arrive(tl.sum(pq + pk, 0))) != 0x7FC00001)
+    if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
+        pdl_enter(PDL)
+    # After the wait: this step's inputs at once, so their latencies overlap (each reduction below is
+    # a block-wide barrier, which no later load would be issued across); all but the gate input `h`,
+    # which would cost the one-row form 31 registers a thread (215 -> 246), i.e. its co-residency
+    if CONV:  # rows 1, 2 of the history move to 0, 1 first (nothing is written before the wait), so that
+        # no history value stays live through the step
         tl.debug_barrier()  # every thread of the program has read the history
         if BV == 0:
             tl.store(hist + cv, hv1)
@@ -136,11 +144,6 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
             tl.store(hist + C + cq, hq2)
             tl.store(hist + ck, hk1)
             tl.store(hist + C + ck, hk2)
-    if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
-        pdl_enter(PDL)
-    # After the wait: this step's inputs at once, so their latencies overlap (each reduction below is
-    # a block-wide barrier, which no later load would be issued across); all but the gate input `h`,
-    # which would cost the one-row form 31 registers a thread (215 -> 246), i.e. its co-residency
     row = mixed + b.to(tl.int64) * C
     if CONV:  # (the last tap's weights too: fewer registers live across the wait)
         xqr = tl.load(row + kh * DK + rk)

@@ -40,3 +40,12 @@ def pdl_enter(MODE: tl.constexpr):
     else:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_trigger_early(MODE: tl.constexpr):
+    """Let the next kernel start now where MODE triggers first (`pdl_enter` repeats it to no effect): for a
+    kernel that may stall before its `pdl_enter` (e.g. at a cluster barrier, whose release semantics wait
+    for every load in flight)."""
+    if MODE == 2:
+        gdc_launch_dependents()
