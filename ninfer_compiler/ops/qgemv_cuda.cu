@@ -934,6 +934,9 @@ __device__ __noinline__ void v4_add_norm(const __nv_bfloat16* y, const void* w, 
 constexpr uint32_t V4_XQ_GROUPS = 8192;  // outputs <= 524,288 (the launcher checks)
 // Measurement switch: 0 = every thread fences its stores before the block's barrier; 1 = the
 // counting thread alone fences after it (cumulative through the barrier, as a grid sync does)
+#ifndef NINFER_V4_SWIGLU_XQ_KS  // (see qgemv_host.cc)
+#define NINFER_V4_SWIGLU_XQ_KS 0
+#endif
 #ifndef NINFER_V4_XQ_FENCE
 #define NINFER_V4_XQ_FENCE 0
 #endif
@@ -1033,7 +1036,10 @@ __device__ __forceinline__ void v4_xq_out(const __nv_bfloat16* y, const V4Epi& e
   extern __shared__ __align__(16) uint8_t v4_smem[];
   volatile uint32_t* last = reinterpret_cast<volatile uint32_t*>(v4_smem);
   const uint32_t per = outs >= 64u ? 1u : 64u / outs, grp0 = out0 >> 6;  // blocks per group
-  if (NINFER_V4_XQ_FENCE == 0) __threadfence();  // this thread's stores of y, before the count
+  // (a block that owns whole groups reads only its own stores, which the barrier orders: no fence;
+  // only builds that launch such blocks test for it, NINFER_V4_SWIGLU_XQ_KS)
+  const bool fence = NINFER_V4_SWIGLU_XQ_KS == 0 || per > 1u;
+  if (NINFER_V4_XQ_FENCE == 0 && fence) __threadfence();  // this thread's stores of y, before the count
   __syncthreads();  // (every thread has read the partial sums: the shared memory is free)
   if (threadIdx.x == 0) {
     uint32_t done = 1u;
@@ -1046,7 +1052,7 @@ __device__ __forceinline__ void v4_xq_out(const __nv_bfloat16* y, const V4Epi& e
   }
   __syncthreads();
   if (*last == 0u) return;
-  __threadfence();
+  if (fence) __threadfence();
   const uint32_t groups = per > 1u ? 1u : outs >> 6, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
   for (uint32_t gi = warp; gi < groups; gi += blockDim.x >> 5) {
     // lane: batch row lane / 8 (< 4), vector lane % 8 of the group (8 outputs each)

@@ -123,6 +123,15 @@ constexpr uint32_t kV4MaxWarps = 8;
 #ifndef NINFER_V4_XQ_CLUSTER
 #define NINFER_V4_XQ_CLUSTER 0
 #endif
+// Measurement switch, the kernels' of the same name (the variant builds pass both): the K split of a
+// SwiGLU that writes its int8 output (`ninfer_qgemv_swiglu_i8x`, one row; 0: the launcher's, 4 on the
+// 27B, so 4 blocks write each 64-group and count themselves in). 1: 8 warps of whole-K tiles, 4 output
+// tiles a block, every block quantizes its own groups (no count, no fence). With the kernel feature
+// `gemv_int8_mlp_kernel` off this replaces the quantize kernel: `--variant
+// xqks1=-gemv_int8_mlp_kernel,NINFER_V4_SWIGLU_XQ_KS=1`.
+#ifndef NINFER_V4_SWIGLU_XQ_KS
+#define NINFER_V4_SWIGLU_XQ_KS 0
+#endif
 constexpr uint32_t kXqClusterBytes = 4 * 64 * 2;  // qgemv_cuda.cu V4_XQC_BYTES
 
 // v4 epilogues (V4Mode in qgemv_cuda.cu) and the kernel's by-value parameter `V4Epi`.
@@ -438,6 +447,10 @@ void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Plan
     const uint32_t tiles = static_cast<uint32_t>(n / 16) * (swiglu ? 2u : 1u);
     ks4 = choose_ks_v4(bits, tiles * 16u, static_cast<uint32_t>(k));
     if (swiglu && ks4 > 4) ks4 = 4;
+    // (measurement knob) the SwiGLU writing its int8 output at the K split that gives each block whole
+    // 64-groups (1: 4 output tiles a block), so that no block counts itself in (`v4_xq_out`, per == 1)
+    if (swiglu && xq_out != nullptr && NINFER_V4_SWIGLU_XQ_KS > 0 && k / 256 >= NINFER_V4_SWIGLU_XQ_KS)
+      ks4 = NINFER_V4_SWIGLU_XQ_KS;
     warps4 = swiglu ? kV4MaxWarps : (ks4 > 4 ? ks4 : 4);
     grid4 = (tiles + warps4 / ks4 - 1) / (warps4 / ks4);
   }
