@@ -132,6 +132,10 @@ constexpr uint32_t kV4MaxWarps = 8;
 #ifndef NINFER_V4_SWIGLU_XQ_KS
 #define NINFER_V4_SWIGLU_XQ_KS 0
 #endif
+// The largest K split of a SwiGLU launch (a measurement knob: 4 keeps its blocks at 8 warps of 2
+// gate / up pairs, 1,088 blocks on the 27B; 2 or 1: fewer, longer warps, e.g. `--variant
+// swks2=NINFER_V4_SWIGLU_KS_CAP=2`).
+#define NINFER_V4_SWIGLU_KS_CAP 4
 constexpr uint32_t kXqClusterBytes = 4 * 64 * 2;  // qgemv_cuda.cu V4_XQC_BYTES
 
 // v4 epilogues (V4Mode in qgemv_cuda.cu) and the kernel's by-value parameter `V4Epi`.
@@ -446,7 +450,7 @@ void run(const char* xp, bool f32, int64_t rows, int64_t k, int bits, const Plan
     // twice the tiles; K split at most 4 ways keeps blocks at 8 warps (shared memory per block)
     const uint32_t tiles = static_cast<uint32_t>(n / 16) * (swiglu ? 2u : 1u);
     ks4 = choose_ks_v4(bits, tiles * 16u, static_cast<uint32_t>(k));
-    if (swiglu && ks4 > 4) ks4 = 4;
+    if (swiglu && ks4 > NINFER_V4_SWIGLU_KS_CAP) ks4 = NINFER_V4_SWIGLU_KS_CAP;
     // (measurement knob) the SwiGLU writing its int8 output at the K split that gives each block whole
     // 64-groups (1: 4 output tiles a block), so that no block counts itself in (`v4_xq_out`, per == 1)
     if (swiglu && xq_out != nullptr && NINFER_V4_SWIGLU_XQ_KS > 0 && k / 256 >= NINFER_V4_SWIGLU_XQ_KS)
