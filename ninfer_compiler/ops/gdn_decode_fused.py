@@ -100,28 +100,11 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
         cq = kh * DK + rk
         ck = HK * DK + kh * DK + rk
         hist = conv_hist + (layer.to(tl.int64) * conv_slots + slot) * (3 * C)
-        hq0 = tl.where(fresh, 0.0, tl.load(hist + cq))
-        hq1 = tl.where(fresh, 0.0, tl.load(hist + C + cq))
-        hq2 = tl.where(fresh, 0.0, tl.load(hist + 2 * C + cq))
-        hk0 = tl.where(fresh, 0.0, tl.load(hist + ck))
-        hk1 = tl.where(fresh, 0.0, tl.load(hist + C + ck))
-        hk2 = tl.where(fresh, 0.0, tl.load(hist + 2 * C + ck))
-        pq = tl.zeros([DK], tl.float32)
-        pq += tl.load(conv_w + cq).to(tl.float32) * hq0.to(tl.float32)
-        pq += tl.load(conv_w + C + cq).to(tl.float32) * hq1.to(tl.float32)
-        pq += tl.load(conv_w + 2 * C + cq).to(tl.float32) * hq2.to(tl.float32)
-        pk = tl.zeros([DK], tl.float32)
-        pk += tl.load(conv_w + ck).to(tl.float32) * hk0.to(tl.float32)
-        pk += tl.load(conv_w + C + ck).to(tl.float32) * hk1.to(tl.float32)
-        pk += tl.load(conv_w + 2 * C + ck).to(tl.float32) * hk2.to(tl.float32)
+        hq1, hq2, pq = conv_history(hist, conv_w, cq, fresh, C)
+        hk1, hk2, pk = conv_history(hist, conv_w, ck, fresh, C)
         if BV == 0:
             cv = 2 * HK * DK + j * DV + rv
-            hv1 = tl.where(fresh, 0.0, tl.load(hist + C + cv))
-            hv2 = tl.where(fresh, 0.0, tl.load(hist + 2 * C + cv))
-            pv = tl.zeros([DV], tl.float32)
-            pv += tl.load(conv_w + cv).to(tl.float32) * tl.where(fresh, 0.0, tl.load(hist + cv)).to(tl.float32)
-            pv += tl.load(conv_w + C + cv).to(tl.float32) * hv1.to(tl.float32)
-            pv += tl.load(conv_w + 2 * C + cv).to(tl.float32) * hv2.to(tl.float32)
+            hv1, hv2, pv = conv_history(hist, conv_w, cv, fresh, C)
         # v's history is this program's own; q / k's is written by the key head's last program once every
         # program of the head has read it (CLUSTER: the cluster's barrier, whose arrival waits for this
         # program's reads through the sum)
@@ -222,13 +205,7 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
             if CONV:  # this chunk's v channels: taps, history and input at once
                 cc = 2 * HK * DK + j * DV + rc
                 xc = tl.load(row + cc)
-                hc0 = tl.where(fresh, 0.0, tl.load(hist + cc))
-                hc1 = tl.where(fresh, 0.0, tl.load(hist + C + cc))
-                hc2 = tl.where(fresh, 0.0, tl.load(hist + 2 * C + cc))
-                pc = tl.zeros([BV], tl.float32)
-                pc += tl.load(conv_w + cc).to(tl.float32) * hc0.to(tl.float32)
-                pc += tl.load(conv_w + C + cc).to(tl.float32) * hc1.to(tl.float32)
-                pc += tl.load(conv_w + 2 * C + cc).to(tl.float32) * hc2.to(tl.float32)
+                hc1, hc2, pc = conv_history(hist, conv_w, cc, fresh, C)
                 v = conv_silu(pc + tl.load(conv_w + 3 * C + cc).to(tl.float32) * xc.to(tl.float32))
             else:
                 v = tl.load(row + 2 * HK * DK + j * DV + rc).to(tl.float32)
@@ -257,6 +234,19 @@ def gdn_decode_kernel(mixed, a_in, b_in, h, a_log, dt_bias, z, norm_w, state, sl
     if XQ:  # (a batch of more than 4 rows: the GEMV reads `out`, so nothing is written)
         if tl.num_programs(0) <= 4:
             xq_store(res.to(tl.bfloat16).to(tl.float32), xq, xs, b, j * DV, DV)
+
+
+@triton.jit
+def conv_history(hist, conv_w, ch, fresh, C: tl.constexpr):
+    """Channels `ch`' history rows 1 and 2 (bf16, zeros for a fresh sequence) and the sum of the first
+    three taps' products in fp32, in ops/conv1d_decode.py's order (the first product is the first sum)."""
+    h0 = tl.where(fresh, 0.0, tl.load(hist + ch))
+    h1 = tl.where(fresh, 0.0, tl.load(hist + C + ch))
+    h2 = tl.where(fresh, 0.0, tl.load(hist + 2 * C + ch))
+    p = tl.load(conv_w + ch).to(tl.float32) * h0.to(tl.float32)
+    p += tl.load(conv_w + C + ch).to(tl.float32) * h1.to(tl.float32)
+    p += tl.load(conv_w + 2 * C + ch).to(tl.float32) * h2.to(tl.float32)
+    return h1, h2, p
 
 
 @triton.jit
