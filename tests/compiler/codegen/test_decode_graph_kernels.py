@@ -5,21 +5,13 @@ from __future__ import annotations
 from .conftest import require_tool
 
 
-def test_model_decode_graph_captures_the_fused_step(tiny_artifact):
-    """In a whole Qwen3.5 h200 export, decode's CUDA graph holds the fused GDN step, the decode
-    convolution, the attention prologue and the split-KV attention with its gated combine, prefill
-    uses only the prologue of them, and reference-kernel exports use none."""
-    import tvm
-
+def _qwen35_h200(tiny_artifact):  # noqa: ANN202
+    """The tiny Qwen3.5 model for the h200 target and its exported module (decode batches <= 8)."""
     from ninfer_compiler.build import export_module
-    from ninfer_compiler.codegen.graphs import add_graph_variants
     from ninfer_compiler.codegen.targets import tvm_target
-    from ninfer_compiler.codegen.toolchain import cuda_build
     from ninfer_compiler.frontend.options import ModelOptions
     from ninfer_compiler.frontend.qwen3_5 import binding
     from ninfer_compiler.frontend.qwen3_5.model import Qwen35ForCausalLM
-    from ninfer_compiler.ops.common import reference_kernels
-    from ninfer_compiler.passes.pipeline import relax_pipeline
     from ninfer_runtime import targets
     from ninfer_runtime.artifact import Artifact
 
@@ -31,6 +23,22 @@ def test_model_decode_graph_captures_the_fused_step(tiny_artifact):
     model = Qwen35ForCausalLM(cfg, ModelOptions(dtype="bfloat16", weights=plan))
     with ttarget:
         mod, _ = export_module(model, model.upper_bounds(max_prefill_tokens=128, max_batch=8))
+    return cfg, model, ttarget, mod
+
+
+def test_model_decode_graph_captures_the_fused_step(tiny_artifact):
+    """In a whole Qwen3.5 h200 export, decode's CUDA graph holds the fused GDN step, the decode
+    convolution, the attention prologue and the split-KV attention with its gated combine, prefill
+    uses only the prologue of them, and reference-kernel exports use none."""
+    import tvm
+
+    from ninfer_compiler.build import export_module
+    from ninfer_compiler.codegen.graphs import add_graph_variants
+    from ninfer_compiler.codegen.toolchain import cuda_build
+    from ninfer_compiler.ops.common import reference_kernels
+    from ninfer_compiler.passes.pipeline import relax_pipeline
+
+    _, model, ttarget, mod = _qwen35_h200(tiny_artifact)
     mod = add_graph_variants(mod)
     with cuda_build(ttarget), tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
         mod = relax_pipeline(ttarget)(mod)
@@ -62,23 +70,8 @@ def test_decode_graph_with_the_convolution_in_the_step(tiny_artifact, monkeypatc
     from call to call (prefill keeps its convolution)."""
     import re
 
-    from ninfer_compiler.build import export_module
-    from ninfer_compiler.codegen.targets import tvm_target
-    from ninfer_compiler.frontend.options import ModelOptions
-    from ninfer_compiler.frontend.qwen3_5 import binding
-    from ninfer_compiler.frontend.qwen3_5.model import Qwen35ForCausalLM
-    from ninfer_runtime import targets
-    from ninfer_runtime.artifact import Artifact
-
-    require_tool("nvcc", "the CUDA toolkit builds device code")
     monkeypatch.setenv("NINFER_KERNELS", "+gdn_step_conv")
-    target = targets.load("h200")
-    ttarget = tvm_target(target)
-    with Artifact(tiny_artifact) as art:
-        cfg, plan = binding.model_config(art), binding.weight_plan(art, target)
-    model = Qwen35ForCausalLM(cfg, ModelOptions(dtype="bfloat16", weights=plan))
-    with ttarget:
-        mod, _ = export_module(model, model.upper_bounds(max_prefill_tokens=128, max_batch=8))
+    cfg, _, _, mod = _qwen35_h200(tiny_artifact)
     decode = mod["decode"].script()
     assert "ninfer_conv1d_decode" not in decode and "causal_conv1d" not in decode
     calls = re.findall(r"(\w+): R\.Tuple\(.*?\) = R\.call_inplace_packed\(\"ninfer_gdn_decode_\w+_conv\w*\", "
