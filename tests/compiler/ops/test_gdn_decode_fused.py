@@ -49,6 +49,21 @@ def reference(mixed, a, b, a_log, dt_bias, z, w, state, slots, lens, layer):
     return out, state
 
 
+def _t(x, dt=None):  # noqa: ANN001, ANN202
+    return torch.tensor(np.asarray(x), dtype=dt or torch.bfloat16)
+
+
+def _step_inputs(rng, B: int, L: int, S: int) -> tuple:  # noqa: ANN001
+    """The step's inputs but the row: gate pre-activations a, b; a_log, dt_bias, z, the norm weight,
+    the state of L layers x S slots, three rows' slots and lengths (the third starts fresh)."""
+    f32 = torch.float32
+    return (_t(rng.standard_normal((B, HV))), _t(rng.standard_normal((B, HV))),
+            _t(rng.standard_normal(HV) * 0.5, f32), _t(rng.standard_normal(HV), f32),
+            _t(rng.standard_normal((B, HV * DV))), _t(rng.standard_normal(DV), f32),
+            _t(rng.standard_normal((L, S, HV, DK, DV)), f32), _t([4, 0, 2][:B], torch.int32),
+            _t([7, 3, 0][:B], torch.int32))
+
+
 @pytest.mark.parametrize("bv", [0, 8])
 def test_interpreter_matches_the_unfused_math(bv):
     """The whole-slice form (BV = 0) and the column-chunked one (BV = 8: four chunks of DV = 32)."""
@@ -59,16 +74,8 @@ def test_interpreter_matches_the_unfused_math(bv):
     rng = np.random.default_rng(1)
     B, L, S = 3, 2, 5
 
-    def t(x, dt=torch.bfloat16):
-        return torch.tensor(np.asarray(x), dtype=dt)
-
-    mixed = t(rng.standard_normal((B, C)))
-    a, b = t(rng.standard_normal((B, HV))), t(rng.standard_normal((B, HV)))
-    a_log, dt_bias = t(rng.standard_normal(HV) * 0.5, torch.float32), t(rng.standard_normal(HV), torch.float32)
-    z = t(rng.standard_normal((B, HV * DV)))
-    w = t(rng.standard_normal(DV), torch.float32)
-    state = t(rng.standard_normal((L, S, HV, DK, DV)), torch.float32)
-    slots, lens = t([4, 0, 2], torch.int32), t([7, 3, 0], torch.int32)  # the third starts fresh
+    mixed = _t(rng.standard_normal((B, C)))
+    a, b, a_log, dt_bias, z, w, state, slots, lens = _step_inputs(rng, B, L, S)
     out = torch.full((B, HV * DV), float("nan"), dtype=torch.float32)  # fp32: the interpreter truncates bf16
     st = state.clone()
     unused = torch.zeros(1, dtype=torch.int8)
@@ -102,18 +109,10 @@ def test_interpreter_applies_the_convolution(bv):
     rng = np.random.default_rng(3)
     B, L, S, layer = 3, 2, 5, 1
 
-    def t(x, dt=torch.bfloat16):
-        return torch.tensor(np.asarray(x), dtype=dt)
-
-    raw = t(rng.standard_normal((B, C)))
-    conv_w = t(rng.standard_normal((4, C)) * 0.5)
-    hist0 = t(rng.standard_normal((L, S, 3, C)))
-    a, b = t(rng.standard_normal((B, HV))), t(rng.standard_normal((B, HV)))
-    a_log, dt_bias = t(rng.standard_normal(HV) * 0.5, torch.float32), t(rng.standard_normal(HV), torch.float32)
-    z = t(rng.standard_normal((B, HV * DV)))
-    w = t(rng.standard_normal(DV), torch.float32)
-    state = t(rng.standard_normal((L, S, HV, DK, DV)), torch.float32)
-    slots, lens = t([4, 0, 2], torch.int32), t([7, 3, 0], torch.int32)  # the third starts fresh
+    raw = _t(rng.standard_normal((B, C)))
+    conv_w = _t(rng.standard_normal((4, C)) * 0.5)
+    hist0 = _t(rng.standard_normal((L, S, 3, C)))
+    a, b, a_log, dt_bias, z, w, state, slots, lens = _step_inputs(rng, B, L, S)
     consts = dict(HK=HK, HV=HV, DK=DK, DV=DV, Q_SCALE=DK**-0.5, L2_EPS=L2_EPS, SOFTPLUS_T=SOFTPLUS_THRESHOLD, BV=bv)
     unused = torch.zeros(1, dtype=torch.int8)
 
