@@ -118,3 +118,10 @@ def test_projections_are_told_apart_by_the_kernel_before_them() -> None:
     text = trace_27b.table("pkg", "1", entry)
     assert "after the kernel launched before it" in text
     assert text.splitlines()[-2].startswith("ninfer_qgemv4e_q5_add_i8 [320] after gdn_decode")
+
+
+def test_budget_stops_before_a_trace_that_would_end_past_it() -> None:
+    assert trace_27b.fits(100.0, 50.0, None)  # no budget
+    assert trace_27b.fits(100.0, 0.0, 100.0)  # nothing traced yet: the first always starts
+    assert trace_27b.fits(100.0, 40.0, 140.0)
+    assert not trace_27b.fits(100.0, 40.1, 140.0)

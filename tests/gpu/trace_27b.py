@@ -21,6 +21,8 @@ Each package's median step is also written kernel by kernel (`timeline-PKG-C.csv
 trace.json: kind, grid, start, duration, advance, lead, gap), the view in which one projection's launches
 can be told apart by their place in a layer; the tables add the decode GEMVs by the kernel launched
 before each.
+`--budget SECONDS` starts no package trace that would end past that many seconds of tracing (judged by the
+longest trace so far) and prints the tables of what it traced: set it under the device call's limit.
 `--engine` also times the engine generating greedily and sampling (`bench_27b.engine_token_ms`)
 with the first package, untraced. `--prefill N` also traces the prefill of an N-token prompt (one chunk up to the package's prefill
 chunk, 8,192 tokens), all of its kernels as one timeline, median of 3 after a warm-up: the
@@ -38,6 +40,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -303,8 +306,14 @@ def rounds_table(spans: dict[str, dict[str, list[float]]]) -> str:
     return "\n".join(lines)
 
 
+def fits(now: float, longest: float, deadline: float | None) -> bool:
+    """Whether another package trace, as long as the longest one so far, ends before `deadline` (None:
+    no budget)."""
+    return deadline is None or now + longest <= deadline
+
+
 def inner(out: Path, concurrency: list[int], n_steps: int, prefill_len: int = 0, engine: bool = False,
-          rounds: int = 1) -> int:
+          rounds: int = 1, budget: float = 0.0) -> int:
     names = os.environ.get("NINFER_TRACE_PACKAGES", "pkg").split(",")
     artifact = bench_27b.artifact_path(Path("/tmp"), "groupwise-int")
     if not artifact.exists():
@@ -317,10 +326,17 @@ def inner(out: Path, concurrency: list[int], n_steps: int, prefill_len: int = 0,
             raise SystemExit(f"{bench_27b.STAGE / name}: no package (run bench_27b.py prepare first)")
     results: dict = {}
     spans: dict[str, dict[str, list[float]]] = {name: {} for name in names}
+    deadline = time.monotonic() + budget if budget > 0 else None
+    longest = 0.0
     for r, name in round_order(names, rounds):
         first = r == 0
+        if not fits(time.monotonic(), longest, deadline):  # the tables of what was traced, not a timeout
+            print(f"== --budget {budget:.0f} s: stopped before round {r + 1} of {name}", flush=True)
+            break
+        start = time.monotonic()
         got = trace_package(bench_27b.STAGE / name, artifact, concurrency, n_steps, prefill_len if first else 0,
                             engine and first and name == names[0])
+        longest = max(longest, time.monotonic() - start)
         if first:  # the kernel tables are the first round's, the median step's timeline a file of its own
             for c in map(str, concurrency):
                 (out / f"timeline-{name}-{c}.csv").write_text(timeline_csv(got[c].pop("timeline")))
@@ -336,7 +352,7 @@ def inner(out: Path, concurrency: list[int], n_steps: int, prefill_len: int = 0,
             else:
                 print(table(name, c, entry), flush=True)
     if rounds > 1:
-        print(rounds_table(spans), flush=True)
+        print(rounds_table({name: per_c for name, per_c in spans.items() if per_c}), flush=True)
     return 0
 
 
@@ -350,12 +366,17 @@ def main() -> int:
     parser.add_argument("--engine", action="store_true", help="also time the engine generating (greedy, sampled)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="trace the packages this many times, the order reversed every other round")
+    parser.add_argument("--budget", type=float, default=0.0, metavar="SECONDS",
+                        help="start no package trace that would, as long as the longest so far, end after this "
+                             "many seconds of tracing (0: none): a call's time limit then still gets the tables")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.budget < 0:
+        parser.error("--budget must be 0 (none) or a number of seconds")
     if args.prefill < 0:
         parser.error("--prefill must be 0 (none) or a prompt length")
     try:
@@ -364,7 +385,7 @@ def main() -> int:
         parser.error(f"--concurrency {args.concurrency!r}: comma-separated integers")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.inner:
-        return inner(args.out, concurrency, args.steps, args.prefill, args.engine, args.rounds)
+        return inner(args.out, concurrency, args.steps, args.prefill, args.engine, args.rounds, args.budget)
     # the benchmark's environment (TVM's runtime staged next to the packages), this script inside it
     site = Path("/tmp/ninfer-trace-site")
     shutil.rmtree(site, ignore_errors=True)
@@ -377,7 +398,7 @@ def main() -> int:
            "PYTHONPATH": os.pathsep.join([str(site), str(bench_27b.STAGE / "site")])}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--inner", "--out", str(args.out),
            "--concurrency", args.concurrency, "--steps", str(args.steps), "--prefill", str(args.prefill),
-           "--rounds", str(args.rounds), *(["--engine"] if args.engine else [])]
+           "--rounds", str(args.rounds), "--budget", str(args.budget), *(["--engine"] if args.engine else [])]
     return subprocess.run(cmd, env=env, cwd="/tmp").returncode
 
 
