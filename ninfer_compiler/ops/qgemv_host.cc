@@ -102,6 +102,11 @@ constexpr uint32_t kV4MaxWarps = 8;
 // slower at 8 (docs/kernels/decode-gemv-v4.md, "twenty-first pass"). Measurement knobs.
 #define NINFER_V4_Q5_KS_CAP 8
 #define NINFER_V4_Q5_KS_CAP_MULTI 4
+// ... and of the q4 part of a mixed multi launch (a measurement knob; 8: the launcher's choice). With
+// `NINFER_V4_Q5_KS_CAP_MULTI=2` a cap of 4 makes the 27B multi launches one wave of blocks (640 / 672
+// blocks of 4 warps, six fit an SM, against 640 / 672 of 8 warps, three an SM: 1.6 / 1.7 waves):
+// `--variant onewave=NINFER_V4_MULTI_KS4_CAP=4,NINFER_V4_Q5_KS_CAP_MULTI=2`.
+#define NINFER_V4_MULTI_KS4_CAP 8
 // Whether a q5 residual add at one activation row without int8 activations from its producer runs
 // the int8 stages on activations each warp quantizes itself (`ninfer_qgemv4e_q5_add_i8s`; 0: the
 // bf16 entry). NINFER_GEMV_INT8=0 at run time turns it off too. Off: measured slower on the H200
@@ -597,7 +602,8 @@ bool run_multi45(const char* xp, int64_t rows, int64_t k, const Planes* w, char*
   V4Epi e{nullptr, nullptr, nullptr, nullptr, 0, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr, nullptr, 0.f, 0.f, 0u};
   const uint32_t tiles = multi_segments(e, w, stride, nseg), tiles4 = e.seg_end[n4 - 1], tiles5 = tiles - tiles4;
   const uint32_t k32 = static_cast<uint32_t>(k);
-  const uint32_t ks4 = choose_ks_v4(4, tiles4 * 16u, k32), ks5 = choose_ks_v4(5, tiles5 * 16u, k32, NINFER_V4_Q5_KS_CAP_MULTI);
+  const uint32_t ks4 = std::min(choose_ks_v4(4, tiles4 * 16u, k32), static_cast<uint32_t>(NINFER_V4_MULTI_KS4_CAP));
+  const uint32_t ks5 = choose_ks_v4(5, tiles5 * 16u, k32, NINFER_V4_Q5_KS_CAP_MULTI);
   const uint32_t warps = std::max({4u, ks4, ks5});
   if (tiles4 % (warps / ks4) != 0) return false;
   const uint32_t blocks4 = tiles4 / (warps / ks4), blocks5 = (tiles5 + warps / ks5 - 1) / (warps / ks5);
