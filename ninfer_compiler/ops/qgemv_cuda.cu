@@ -1059,7 +1059,12 @@ __device__ __forceinline__ void v4_xq_out(const __nv_bfloat16* y, const V4Epi& e
     const uint32_t r = lane >> 3, v = (grp0 + gi) * 8u + (lane & 7u);
     const bool valid = r < b_rows;
     uint4 q = make_uint4(0u, 0u, 0u, 0u);
-    if (valid) q = __ldcg(reinterpret_cast<const uint4*>(y + r * n_rows) + v);  // L2: other blocks' stores
+    // L2: other blocks' stores; a block that owns its groups reads its own, which the barrier made
+    // visible to its threads (through L1, which an L2 read would bypass)
+    if (valid) {
+      const uint4* src = reinterpret_cast<const uint4*>(y + r * n_rows) + v;
+      q = fence ? __ldcg(src) : *src;
+    }
     const uint32_t o[4] = {q.x, q.y, q.z, q.w};
     norm_xq8(o, v, r, n_rows, valid, e.xq_out);
   }
