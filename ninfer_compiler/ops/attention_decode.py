@@ -75,6 +75,20 @@ def _split_plan(lens_ptr, b, batch, HKV: tl.constexpr, NS: tl.constexpr, BLOCK_N
 
 
 @triton.jit
+def _tile(q, k, v, ok, m_i, l_i, acc, scale_log2):
+    """One tile of keys into the online softmax: `(m_i, l_i, acc)` after keys `k`, values `v` (rows
+    where `ok`)."""
+    s = tl.dot(q, tl.trans(k)) * scale_log2
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _split_kernel(
     q_ptr,  # [B, 1, Hq, D] bf16
     kv_ptr,  # the layer's pages: [num_pages, 2, Hkv, PS, D] bf16
@@ -92,42 +106,59 @@ def _split_kernel(
     ROWS: tl.constexpr,
     TARGET: tl.constexpr,
     PDL: tl.constexpr = False,
+    EARLY: tl.constexpr = False,
 ):
-    if PDL:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
+    """EARLY (under PDL): the lengths, the page table and the split's first tile of keys and values
+    but the new token's are read before the wait (what no kernel of the decode step writes: the graph's
+    inputs and the pool's rows of earlier steps; the previous kernel, the attention prologue, appends
+    the new token's row, which is read after it), so at short contexts the split's whole chain of
+    dependent loads overlaps the prologue; the same operations in the same order as without it."""
+    if PDL and not EARLY:  # launched with PDL (ninfer_cuda::launch): wait for the previous kernel, let the next one start
         pdl_enter(PDL)
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
     keys, per_split, used = _split_plan(lens_ptr, b, tl.num_programs(2), HKV, NS, BLOCK_N, TARGET)
+    G: tl.constexpr = HQ // HKV
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, D)
+    offs_n = tl.arange(0, BLOCK_N)
+    row_ok = rows < G
+    start = split * per_split
+    end = tl.minimum(start + per_split, keys)
+    page_stride = 2 * HKV * PS * D
+    head_off = kvh * PS * D
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D], tl.float32)
+    n_first = start
+    if EARLY:  # the first tile, less the new token's row, before the wait (see above)
+        j = start + offs_n
+        ok = j < tl.where(split < used, end, 0)
+        old = j < tl.where(split < used, tl.minimum(end, keys - 1), 0)
+        page = tl.load(pages_ptr + b.to(tl.int64) * P + j // PS, mask=ok, other=0)
+        row_off = page.to(tl.int64) * page_stride + head_off + (j % PS) * D
+        k = tl.load(kv_ptr + row_off[:, None] + cols[None, :], mask=old[:, None], other=0.0)
+        v = tl.load(kv_ptr + (row_off + HKV * PS * D)[:, None] + cols[None, :], mask=old[:, None], other=0.0)
+        if PDL:
+            pdl_enter(PDL)
+        new = ok & (j == keys - 1)  # the new token's row, appended by the previous kernel
+        k = tl.where(new[:, None], tl.load(kv_ptr + row_off[:, None] + cols[None, :], mask=new[:, None], other=0.0), k)
+        v = tl.where(new[:, None], tl.load(kv_ptr + (row_off + HKV * PS * D)[:, None] + cols[None, :],
+                                           mask=new[:, None], other=0.0), v)
+        n_first = start + BLOCK_N
     if split < used:
-        G: tl.constexpr = HQ // HKV
-        rows = tl.arange(0, ROWS)
-        cols = tl.arange(0, D)
-        offs_n = tl.arange(0, BLOCK_N)
-        row_ok = rows < G
         q = tl.load(q_ptr + (b * HQ + kvh * G + rows)[:, None] * D + cols[None, :], mask=row_ok[:, None], other=0.0)
-        start = split * per_split
-        end = tl.minimum(start + per_split, keys)
-        m_i = tl.full([ROWS], float("-inf"), tl.float32)
-        l_i = tl.zeros([ROWS], tl.float32)
-        acc = tl.zeros([ROWS, D], tl.float32)
-        page_stride = 2 * HKV * PS * D
-        head_off = kvh * PS * D
-        for n0 in range(start, end, BLOCK_N):
+        if EARLY:
+            m_i, l_i, acc = _tile(q, k, v, ok, m_i, l_i, acc, scale_log2)
+        for n0 in range(n_first, end, BLOCK_N):
             j = n0 + offs_n
             ok = j < end
             page = tl.load(pages_ptr + b.to(tl.int64) * P + j // PS, mask=ok, other=0)
             row_off = page.to(tl.int64) * page_stride + head_off + (j % PS) * D
             k = tl.load(kv_ptr + row_off[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
             v = tl.load(kv_ptr + (row_off + HKV * PS * D)[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale_log2
-            s = tl.where(ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            m_i, l_i, acc = _tile(q, k, v, ok, m_i, l_i, acc, scale_log2)
         head = kvh * G + rows
         base = ws_ptr + b.to(tl.int64) * (HQ * NS * (D + 1))
         part = acc / l_i[:, None]
@@ -189,9 +220,9 @@ def _combine_kernel(
 
 def launch_torch(q, kv_layer, page_table, seq_lens, sm_scale: float, ws=None, o=None, *, splits: int = MAX_SPLITS,
                  target: int = TARGET, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
-                 num_stages: int = NUM_STAGES, interpret: bool = False, gate=None, xq=None):
+                 num_stages: int = NUM_STAGES, interpret: bool = False, gate=None, xq=None, early: bool = False):
     """Run both kernels on torch tensors (Triton JIT); `kv_layer` is `kv_pool[layer]`; `xq` (uint8,
-    with `gate`): also the output's int8 activations there.
+    with `gate`): also the output's int8 activations there; `early`: the split kernel's EARLY form.
 
     The standalone path of the GPU check and, with `interpret` (Triton's CPU interpreter on CPU
     tensors), of the unit tests; returns `(o, ws)`.
@@ -214,7 +245,7 @@ def launch_torch(q, kv_layer, page_table, seq_lens, sm_scale: float, ws=None, o=
         o = torch.empty_like(q)
     split_kernel[(splits, hkv, b)](
         q, kv_layer, page_table, seq_lens, ws, page_table.shape[1], sm_scale * LOG2E,
-        HQ=hq, HKV=hkv, D=d, PS=ps, NS=splits, BLOCK_N=block_n, ROWS=ROWS, TARGET=target,
+        HQ=hq, HKV=hkv, D=d, PS=ps, NS=splits, BLOCK_N=block_n, ROWS=ROWS, TARGET=target, EARLY=early,
         num_warps=num_warps, num_stages=num_stages)
     xq_args = (ws, ws) if xq is None else (xq.view(torch.int8), xq[hq * d * 8:].view(torch.float32))
     combine_kernel[(hq, b)](ws, seq_lens, o, o if gate is None else gate, *xq_args, HQ=hq, HKV=hkv, D=d,
@@ -238,10 +269,10 @@ def _check_shapes(hq: int, hkv: int, d: int, page_size: int) -> None:
 
 
 def images(arch: str, hq: int, hkv: int, d: int, page_size: int, gated: bool = False,
-           xq: bool = False) -> list[KernelImage]:
+           xq: bool = False, early: bool = False) -> list[KernelImage]:
     """AOT images (split, combine) for one shape and arch; cached on disk by `triton_aot`
     (`gated`: the combine multiplies by the sigmoid of the output gate; `xq`: and also writes
-    its output as int8 activations)."""
+    its output as int8 activations; `early`: the split kernel's EARLY form)."""
     from .triton_aot import compile_kernel
 
     _check_shapes(hq, hkv, d, page_size)
@@ -250,7 +281,7 @@ def images(arch: str, hq: int, hkv: int, d: int, page_size: int, gated: bool = F
         signature={"q_ptr": "*bf16", "kv_ptr": "*bf16", "pages_ptr": "*i32", "lens_ptr": "*i32",
                    "ws_ptr": "*fp32", "P": "i32", "scale_log2": "fp32"},
         constants={"HQ": hq, "HKV": hkv, "D": d, "PS": page_size, "NS": MAX_SPLITS, "BLOCK_N": BLOCK_N,
-                   "ROWS": ROWS, "TARGET": TARGET, "PDL": pdl_mode()},
+                   "ROWS": ROWS, "TARGET": TARGET, "PDL": pdl_mode(), "EARLY": early},
         arch=arch, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     combine = compile_kernel(
         _combine_kernel,
@@ -380,6 +411,7 @@ def paged_attention_decode(
     import tvm
     from tvm.relax.frontend import nn
 
+    from .common import kernel_feature
     from .cuda_extern import extern
 
     _, _, hq, d = q.shape
@@ -390,7 +422,8 @@ def paged_attention_decode(
     if with_xq and not (gated and xq_supported(hq, d)):
         raise ValueError(f"attention_decode: int8 activations need the gated form, D % 64 == 0 and Hq*D % 256 == 0, "
                          f"got Hq {hq}, D {d}")
-    split, combine = images(arch, hq, hkv, d, page_size, gated, with_xq)
+    early = kernel_feature("attention_split_early")
+    split, combine = images(arch, hq, hkv, d, page_size, gated, with_xq, early)
 
     def infer_split(q, pool, pages, lens, layer):
         return nn.Tensor.placeholder([q.shape[0], workspace_width(hq, d)], "float32")
@@ -399,7 +432,7 @@ def paged_attention_decode(
         return nn.Tensor.placeholder([ws.shape[0], 1, hq * d] if gated else [ws.shape[0], 1, hq, d], "bfloat16")
 
     tag = f"q{hq}_kv{hkv}_d{d}_p{page_size}_s{scale_tag(scale)}" + ("_gated" if gated else "") + (
-        "_xq" if with_xq else "")
+        "_xq" if with_xq else "") + ("_early" if early else "")
     split_symbol, combine_symbol = f"{SPLIT_SYMBOL}_{tag}", f"{COMBINE_SYMBOL}_{tag}"
     module = extern(
         f"attention_decode_{arch}_{tag}",

@@ -125,6 +125,10 @@ KERNEL_FEATURES: dict[str, bool] = {
     # key head's last program after a thread block cluster barrier), so the 48 convolution launches of
     # a 27B decode step go (ops/gdn_decode_fused.py CONV)
     "gdn_step_conv": False,
+    # the decode attention's split kernel reads the lengths, the page table and its first tile of keys
+    # and values (all but the new token's row) before its PDL wait, under the attention prologue
+    # (ops/attention_decode.py EARLY)
+    "attention_split_early": False,
     # fp8_e4m3fn_row_bf16 weights (ops/fp8_row.py): the Triton prefill GEMM and decode GEMV, and the
     # tensor-core CUDA decode GEMV; exact on the H200 (2026-12-01, tests/gpu/check_fp8_row.py)
     "fp8_row_triton": True,

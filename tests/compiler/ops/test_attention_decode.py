@@ -73,6 +73,46 @@ def test_matches_dense_reference(lengths, splits, target, block_n, dtype):
     assert (o.double() - ref).abs().max().item() <= tol * ref.abs().max().item()
 
 
+@pytest.mark.parametrize(
+    ("lengths", "splits", "target", "block_n"),
+    [
+        ([1, 40, 150], 16, 1056, 32),  # one split each: the new token in the first tile (1) or a later one
+        ([600], 64, 4096, 16),  # 38 splits of one tile: the new token alone in the last split's only tile
+        ([300], 4, 4096, 16),  # 4 splits of 5 tiles: the first tile early, the rest in the loop
+        ([17, 1, 33, 64], 8, 8, 32),  # unused splits return; the new token on a tile's first row (17, 33)
+    ],
+)
+def test_early_tile_gives_the_same_bits(lengths, splits, target, block_n):
+    """EARLY (the first tile but the new token's row read before the PDL wait) computes the same
+    operations in the same order: the workspace and the output are bit for bit those of the plain form."""
+    pool, table, lens, q = _case(lengths, torch.float32, seed=11, width=max(-(-n // PS) for n in lengths) + 2)
+    runs = []
+    for early in (False, True):
+        ws = torch.full((len(lengths), ad.workspace_width(HQ, D, splits)), float("nan"))
+        o = torch.full_like(q, float("nan"))
+        ad.launch_torch(q, pool[1], table, lens, 0.17, ws, o, splits=splits, target=target, block_n=block_n,
+                        interpret=True, early=early)
+        runs.append((o, ws))
+    assert torch.isfinite(runs[1][0]).all()
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert torch.equal(torch.nan_to_num(runs[0][1], nan=7.0), torch.nan_to_num(runs[1][1], nan=7.0))
+
+
+def test_early_tile_reads_the_new_token_after_the_wait():
+    """The EARLY form's loads before `pdl_enter`: the page table and the pool (and the lengths, through
+    the split plan), the pool's masked off the new token's position (keys - 1)."""
+    import inspect
+    import re
+
+    source = inspect.getsource(ad._split_kernel.fn)
+    early = source[source.index("if EARLY:  # the first tile"):]
+    early = early[:early.index("pdl_enter(PDL)")]
+    assert set(re.findall(r"tl\.load\(\s*(\w+)", early)) == {"pages_ptr", "kv_ptr"}
+    assert "old = j < tl.where(split < used, tl.minimum(end, keys - 1), 0)" in early
+    assert all("mask=old[:, None]" in line for line in early.splitlines() if "tl.load(kv_ptr" in line)
+    assert "tl.store" not in early
+
+
 def test_another_layer_is_not_read():
     """Layer 0 filled with NaN: the kernels read only the layer they are given."""
     pool, table, lens, q = _case([70, 5], torch.float32, seed=3)

@@ -107,3 +107,21 @@ def test_h200_library_with_the_int8_output(tmp_path):
     symbol = next(s for s in text.split('"') if s.startswith(COMBINE_SYMBOL))
     assert symbol.endswith("_gated_xq") and f"R.Tensor(({HQ * D * 8 + HQ * D // 256 * 64},), dtype=\"uint8\")" in text
     assert symbol.encode() in lib.read_bytes()
+
+
+def test_h200_library_with_the_early_split(tmp_path, monkeypatch):
+    """`attention_split_early`: the split kernel's EARLY image (under PDL, loads before the wait, no store
+    before it: tests/compiler/ops/test_pdl_kernels.py) in an h200 library, its symbols tagged `_early`."""
+    from ninfer_compiler.ops.attention_decode import SPLIT_SYMBOL, paged_attention_decode
+
+    from ..conftest import h200_library
+
+    monkeypatch.setenv("NINFER_KERNELS", "+attention_split_early")
+
+    def fn(q, pool, pages, lens, gate):
+        o, xq = paged_attention_decode(q, pool, pages, lens, 1, PS, gate=gate, with_xq=True)
+        return o, xq
+
+    text, lib = h200_library(fn, {**SPEC, "gate": (["b", 1, HQ * D], "bfloat16")}, tmp_path / "model.so")
+    symbol = next(s for s in text.split('"') if s.startswith(SPLIT_SYMBOL))
+    assert symbol.endswith("_gated_xq_early") and symbol.encode() in lib.read_bytes()
