@@ -932,11 +932,13 @@ __device__ __noinline__ void v4_add_norm(const __nv_bfloat16* y, const void* w, 
 // blocks writes its int8 activations and resets the count, so the counts are 0 between launches
 // (zero at module load; a launch touches them only after its PDL wait, when the previous one is done).
 constexpr uint32_t V4_XQ_GROUPS = 8192;  // outputs <= 524,288 (the launcher checks)
-// Measurement switch: 0 = every thread fences its stores before the block's barrier; 1 = the
-// counting thread alone fences after it (cumulative through the barrier, as a grid sync does)
-#ifndef NINFER_V4_SWIGLU_XQ_KS  // (see qgemv_host.cc)
+// Measurement switch (qgemv_host.cc): the K split of a SwiGLU writing its int8 output; at 1 each block
+// owns whole 64-groups (`v4_xq_out` with one block a group: no fence)
+#ifndef NINFER_V4_SWIGLU_XQ_KS
 #define NINFER_V4_SWIGLU_XQ_KS 0
 #endif
+// Measurement switch: 0 = every thread fences its stores before the block's barrier; 1 = the
+// counting thread alone fences after it (cumulative through the barrier, as a grid sync does)
 #ifndef NINFER_V4_XQ_FENCE
 #define NINFER_V4_XQ_FENCE 0
 #endif
