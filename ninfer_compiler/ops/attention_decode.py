@@ -120,37 +120,39 @@ def _split_kernel(
     b = tl.program_id(2)
     keys, per_split, used = _split_plan(lens_ptr, b, tl.num_programs(2), HKV, NS, BLOCK_N, TARGET)
     G: tl.constexpr = HQ // HKV
-    rows = tl.arange(0, ROWS)
-    cols = tl.arange(0, D)
-    offs_n = tl.arange(0, BLOCK_N)
-    row_ok = rows < G
-    start = split * per_split
-    end = tl.minimum(start + per_split, keys)
-    page_stride = 2 * HKV * PS * D
-    head_off = kvh * PS * D
-    m_i = tl.full([ROWS], float("-inf"), tl.float32)
-    l_i = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, D], tl.float32)
-    n_first = start
+    page_stride: tl.constexpr = 2 * HKV * PS * D
     if EARLY:  # the first tile, less the new token's row, before the wait (see above)
-        j = start + offs_n
-        ok = j < tl.where(split < used, end, 0)
-        old = j < tl.where(split < used, tl.minimum(end, keys - 1), 0)
+        cols = tl.arange(0, D)
+        j = split * per_split + tl.arange(0, BLOCK_N)
+        first_end = tl.minimum(split * per_split + per_split, keys)
+        ok = j < tl.where(split < used, first_end, 0)
+        old = j < tl.where(split < used, tl.minimum(first_end, keys - 1), 0)
         page = tl.load(pages_ptr + b.to(tl.int64) * P + j // PS, mask=ok, other=0)
-        row_off = page.to(tl.int64) * page_stride + head_off + (j % PS) * D
-        k = tl.load(kv_ptr + row_off[:, None] + cols[None, :], mask=old[:, None], other=0.0)
-        v = tl.load(kv_ptr + (row_off + HKV * PS * D)[:, None] + cols[None, :], mask=old[:, None], other=0.0)
+        row_off = page.to(tl.int64) * page_stride + kvh * PS * D + (j % PS) * D
+        k0 = tl.load(kv_ptr + row_off[:, None] + cols[None, :], mask=old[:, None], other=0.0)
+        v0 = tl.load(kv_ptr + (row_off + HKV * PS * D)[:, None] + cols[None, :], mask=old[:, None], other=0.0)
         if PDL:
             pdl_enter(PDL)
         new = ok & (j == keys - 1)  # the new token's row, appended by the previous kernel
-        k = tl.where(new[:, None], tl.load(kv_ptr + row_off[:, None] + cols[None, :], mask=new[:, None], other=0.0), k)
-        v = tl.where(new[:, None], tl.load(kv_ptr + (row_off + HKV * PS * D)[:, None] + cols[None, :],
-                                           mask=new[:, None], other=0.0), v)
-        n_first = start + BLOCK_N
+        k0 = tl.where(new[:, None], tl.load(kv_ptr + row_off[:, None] + cols[None, :], mask=new[:, None], other=0.0), k0)
+        v0 = tl.where(new[:, None], tl.load(kv_ptr + (row_off + HKV * PS * D)[:, None] + cols[None, :],
+                                            mask=new[:, None], other=0.0), v0)
     if split < used:
+        rows = tl.arange(0, ROWS)
+        cols = tl.arange(0, D)
+        offs_n = tl.arange(0, BLOCK_N)
+        row_ok = rows < G
         q = tl.load(q_ptr + (b * HQ + kvh * G + rows)[:, None] * D + cols[None, :], mask=row_ok[:, None], other=0.0)
+        start = split * per_split
+        end = tl.minimum(start + per_split, keys)
+        m_i = tl.full([ROWS], float("-inf"), tl.float32)
+        l_i = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, D], tl.float32)
+        head_off = kvh * PS * D
+        n_first = start
         if EARLY:
-            m_i, l_i, acc = _tile(q, k, v, ok, m_i, l_i, acc, scale_log2)
+            m_i, l_i, acc = _tile(q, k0, v0, ok, m_i, l_i, acc, scale_log2)
+            n_first = start + BLOCK_N
         for n0 in range(n_first, end, BLOCK_N):
             j = n0 + offs_n
             ok = j < end

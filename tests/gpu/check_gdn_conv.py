@@ -57,6 +57,7 @@ def prepare() -> None:
         (STAGE / f"{name}.cubin").write_bytes(img.cubin)
         index[name] = {"file": f"{name}.cubin", "name": img.name, "shared": img.shared, "threads": img.threads}
         print(f"{name}: shared {img.shared}, threads {img.threads}", flush=True)
+    index["conv1d"]["channels_per_program"] = conv1d_decode.BLOCK  # (its grid: C / BLOCK programs a row)
     (STAGE / "index.json").write_text(json.dumps(index, indent=1))
     print(f"wrote {len(index)} images to {STAGE}")
 
@@ -140,7 +141,8 @@ def run(out_dir: Path) -> int:
                                 dtype=torch.int32, device=DEVICE)  # one row fresh in its first pass over the layers
             raw, h, z = randn(rows, C), randn(rows, GATE_K), randn(rows, HV * DV, scale=2.0)
             ref, new = paths["ref"], paths["conv"]
-            fns["conv1d"]((C // 256 + (C % 256 > 0), rows, 1), (index["conv1d"]["threads"], 1, 1),
+            per = index["conv1d"]["channels_per_program"]
+            fns["conv1d"](((C + per - 1) // per, rows, 1), (index["conv1d"]["threads"], 1, 1),
                           (ptr(raw), ptr(conv_w), ptr(ref["hist"]), ptr(slots), ptr(lens), ptr(y), i32(layer),
                            i32(SLOTS), null, null), shared_mem=index["conv1d"]["shared"])
             common = [ptr(wa[layer]), ptr(wb[layer]), ptr(h), ptr(a_log), ptr(dt_bias), ptr(z), ptr(norm_w)]

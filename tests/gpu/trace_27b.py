@@ -351,8 +351,9 @@ def inner(out: Path, concurrency: list[int], n_steps: int, prefill_len: int = 0,
                       + ", ".join(f"{k} request(s) {v:.3f}" for k, v in entry.items()), flush=True)
             else:
                 print(table(name, c, entry), flush=True)
-    if rounds > 1:
-        print(rounds_table({name: per_c for name, per_c in spans.items() if per_c}), flush=True)
+    traced = {name: per_c for name, per_c in spans.items() if per_c}
+    if rounds > 1 and traced:
+        print(rounds_table(traced), flush=True)
     return 0
 
 

@@ -108,7 +108,7 @@ def test_early_tile_reads_the_new_token_after_the_wait():
     early = source[source.index("if EARLY:  # the first tile"):]
     early = early[:early.index("pdl_enter(PDL)")]
     assert set(re.findall(r"tl\.load\(\s*(\w+)", early)) == {"pages_ptr", "kv_ptr"}
-    assert "old = j < tl.where(split < used, tl.minimum(end, keys - 1), 0)" in early
+    assert "old = j < tl.where(split < used, tl.minimum(first_end, keys - 1), 0)" in early
     assert all("mask=old[:, None]" in line for line in early.splitlines() if "tl.load(kv_ptr" in line)
     assert "tl.store" not in early
 
